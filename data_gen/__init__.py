@@ -1,0 +1,1 @@
+"""data_gen: see its issue; imports kair_runtime, never the other way."""

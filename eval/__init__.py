@@ -1,0 +1,1 @@
+"""eval: see its issue; imports kair_runtime, never the other way."""

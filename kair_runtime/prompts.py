@@ -1,0 +1,97 @@
+"""Prompt files and how they are rendered into chat messages.
+
+Templates live in `kair_runtime/prompts/`: `<format>/init.txt` and `<format>/update.txt` per index
+format, and `answer.txt`, `answer_docs.txt`, `answer_index.txt` for the final answer (a format may
+override them with its own `<format>/answer*.txt`). Placeholders are `$question`, `$documents`,
+`$index`, `$reasoning`, `$query`. A user can point `prompt_dir` at a copy to change them.
+
+Rendering is a pure function of the trace's contents, so data_gen can rebuild every prompt from
+a trace byte for byte (that is how SFT examples match inference).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from string import Template
+
+from kair_runtime.index import get_format
+from kair_runtime.records import Index, Message, ScoredPassage
+
+ROLES = ("init", "update", "answer", "answer_docs", "answer_index")
+
+
+def default_prompt_dir() -> Path:
+    return Path(str(resources.files("kair_runtime") / "prompts"))
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """The templates for one index format, loaded once."""
+
+    format: str
+    templates: dict[str, str]
+    system: str | None = None
+    max_passage_words: int | None = None  # truncate each passage in prompts (small models)
+
+    @classmethod
+    def load(cls, format_name: str, prompt_dir: str | Path | None = None, system: str | None = None,
+             max_passage_words: int | None = None) -> "PromptSet":
+        fmt = get_format(format_name).name
+        root = Path(prompt_dir) if prompt_dir else default_prompt_dir()
+        templates = {}
+        for role in ROLES:
+            own, shared = root / fmt / f"{role}.txt", root / f"{role}.txt"
+            path = own if own.exists() else shared
+            if not path.exists():
+                raise FileNotFoundError(f"prompt template for {fmt}/{role} not found: looked for {own} and {shared}")
+            templates[role] = path.read_text(encoding="utf-8")
+        return cls(format=fmt, templates=templates, system=system, max_passage_words=max_passage_words)
+
+    @property
+    def version(self) -> str:
+        """A short hash of everything that shapes the prompt text, recorded with trajectories."""
+        h = hashlib.sha256()
+        for role in ROLES:
+            h.update(role.encode() + b"\0" + self.templates[role].encode() + b"\0")
+        h.update(repr((self.system, self.max_passage_words)).encode())
+        return h.hexdigest()[:12]
+
+    def format_documents(self, passages: list[ScoredPassage]) -> str:
+        if not passages:
+            return "(no documents were retrieved)"
+        return "\n".join(f"[{i}] {p.title}: {self._truncate(p.text)}" for i, p in enumerate(passages, 1))
+
+    def _truncate(self, text: str) -> str:
+        words = text.split()
+        if self.max_passage_words is None or len(words) <= self.max_passage_words:
+            return " ".join(words)
+        return " ".join(words[: self.max_passage_words]) + " ..."
+
+    def linearize(self, index: Index) -> str:
+        return get_format(self.format).linearize(index)
+
+    def messages(self, role: str, **values: str) -> list[Message]:
+        text = Template(self.templates[role]).substitute(**values).strip()
+        msgs: list[Message] = [{"role": "system", "content": self.system}] if self.system else []
+        return msgs + [{"role": "user", "content": text}]
+
+    # One function per role keeps the callers honest about which values each template needs.
+    def init(self, question: str, docs: list[ScoredPassage]) -> list[Message]:
+        return self.messages("init", question=question, documents=self.format_documents(docs))
+
+    def update(self, question: str, docs: list[ScoredPassage], index: Index, reasoning: str,
+               query: str) -> list[Message]:
+        return self.messages("update", question=question, documents=self.format_documents(docs),
+                             index=self.linearize(index), reasoning=reasoning or "(none)", query=query)
+
+    def answer(self, question: str, docs: list[ScoredPassage], index: Index | None, mode: str = "answer") -> list[Message]:
+        """mode: "answer" (docs + index, Eq. 6), "answer_docs" (Eq. 3), "answer_index"."""
+        values = {"question": question}
+        if mode in ("answer", "answer_docs"):
+            values["documents"] = self.format_documents(docs)
+        if mode in ("answer", "answer_index"):
+            values["index"] = self.linearize(index) if index is not None else "(empty)"
+        return self.messages(mode, **values)

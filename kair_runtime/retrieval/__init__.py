@@ -1,0 +1,28 @@
+"""Retrievers, registered by name, behind one protocol: `search(queries, k)`."""
+
+from __future__ import annotations
+
+import importlib
+
+from kair_runtime.config import RetrieverConfig
+from kair_runtime.retrieval.base import CorpusError, Retriever, iter_corpus, load_corpus
+
+# name -> "module:factory"; each factory takes a RetrieverConfig and returns a Retriever.
+RETRIEVERS: dict[str, str] = {
+    "dense": "kair_runtime.retrieval.dense:DenseRetriever.from_config",
+    "bm25": "kair_runtime.retrieval.bm25:BM25Retriever.from_config",
+    "remote": "kair_runtime.retrieval.remote:RemoteRetriever.from_config",
+}
+
+
+def build_retriever(cfg: RetrieverConfig) -> Retriever:
+    if cfg.kind not in RETRIEVERS:
+        raise KeyError(f"unknown retriever {cfg.kind!r}; choose one of {sorted(RETRIEVERS)}")
+    module, _, attr = RETRIEVERS[cfg.kind].partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj(cfg)
+
+
+__all__ = ["RETRIEVERS", "CorpusError", "Retriever", "build_retriever", "iter_corpus", "load_corpus"]
