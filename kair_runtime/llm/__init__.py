@@ -13,6 +13,7 @@ LLM_BACKENDS: dict[str, str] = {
     "hf": "kair_runtime.llm.hf:HFBackend.from_config",
     "openai": "kair_runtime.llm.openai:OpenAIBackend.from_config",
     "vllm": "kair_runtime.llm.vllm:VLLMBackend.from_config",
+    "scripted": "kair_runtime.llm.scripted:from_config",  # no model: checks plumbing only
 }
 
 

@@ -1,0 +1,200 @@
+"""The KAIR loop (paper section 3.1), batched across questions.
+
+    step 1:   D_1 = Retriever(q0);           {I_1, R_1, q_1} = LLM(init prompt: q0, D_1)
+    step t:   D_t = Retriever(q_{t-1});      {I_t, R_t, q_t} = LLM(update prompt: q0, D_t, o_{t-1})
+    stop when R_t judges the knowledge sufficient, or after max_steps;
+    answer:   y = LLM(q0, D_1 ∪ ... ∪ D_k, I_k)
+
+`KairLoop.run(questions)` advances every unfinished question by one step per round, with one
+batched retrieval call and one batched LLM call per round, so a vLLM engine or a padded HF
+generate sees many sequences at once. Questions that stop searching leave the batch and are
+answered together in one more batched call in the same round. `start()`/`advance()` expose the
+rounds so a server can add requests to the batch between rounds.
+
+Nothing here raises for a single bad question: a backend error on one question is isolated
+(the batch is retried one prompt at a time), recorded in `Trace.error`, and the question still
+gets a trace (and counts, scored 0, in eval).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kair_runtime.config import LoopConfig
+from kair_runtime.index import empty_index
+from kair_runtime.llm.base import LLM, Completion, SamplingParams
+from kair_runtime.parser import parse_step_output
+from kair_runtime.prompts import PromptSet
+from kair_runtime.records import FALLBACK_RETRIEVAL_EMPTY, Message, Question, Step, Trace
+from kair_runtime.retrieval.base import Retriever
+
+ProgressFn = Callable[[int], None]  # called with the number of questions just answered
+EventFn = Callable[[str, Trace, Step | None], None]  # ("step" | "answer", trace, step)
+
+
+@dataclass
+class QuestionState:
+    """A question in flight: `advance()` moves it one step; `answered` when its trace is complete."""
+
+    trace: Trace
+    query: str  # the query the next step retrieves with
+    on_event: EventFn | None = None  # serve streams steps through this
+    started: float = field(default_factory=time.perf_counter)
+    done: bool = False  # no more steps (sufficient, max_steps or error)
+    answered: bool = False
+
+
+class KairLoop:
+    def __init__(self, llm: LLM, retriever: Retriever, config: LoopConfig | None = None,
+                 prompts: PromptSet | None = None):
+        self.llm = llm
+        self.retriever = retriever
+        self.cfg = config or LoopConfig()
+        self.prompts = prompts or PromptSet.load(self.cfg.index_format, self.cfg.prompt_dir,
+                                                 self.cfg.system_prompt, self.cfg.max_passage_words)
+        self.step_sampling = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                                            max_tokens=self.cfg.step_max_tokens, seed=self.cfg.seed)
+        self.answer_sampling = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                                              max_tokens=self.cfg.answer_max_tokens, seed=self.cfg.seed)
+
+    # ------------------------------------------------------------ public
+
+    def run(self, questions: list[Question], progress: ProgressFn | None = None) -> list[Trace]:
+        """Run every question to its answer; traces come back in input order. At most
+        `round_size` questions are in flight at once; a finished one makes room for the next."""
+        pending = [self.start(q) for q in questions]
+        queue, active = list(pending), []
+        size = max(1, self.cfg.round_size)
+        while queue or active:
+            while queue and len(active) < size:
+                active.append(queue.pop(0))
+            self.advance(active)
+            finished = [s for s in active if s.answered]
+            active = [s for s in active if not s.answered]
+            if progress and finished:
+                progress(len(finished))
+        return [s.trace for s in pending]
+
+    def run_one(self, question: Question) -> Trace:
+        return self.run([question])[0]
+
+    def start(self, question: Question, on_event: EventFn | None = None) -> QuestionState:
+        trace = Trace(question=question, method="kair", index_format=self.prompts.format,
+                      extra={"prompt_version": self.prompts.version, "llm": getattr(self.llm, "name", ""),
+                             "retriever": getattr(self.retriever, "name", "")})
+        return QuestionState(trace=trace, query=question.question, on_event=on_event)
+
+    def advance(self, states: list[QuestionState]) -> None:
+        """One round: a batched step for every question still searching, then a batched answer
+        for every question that stopped searching (in this round or before)."""
+        stepping = [s for s in states if not s.done]
+        if stepping:
+            self._step_round(stepping)
+        answering = [s for s in states if s.done and not s.answered]
+        if answering:
+            self._answer_round(answering)
+
+    # ------------------------------------------------------------ rounds
+
+    def _step_round(self, active: list[QuestionState]) -> None:
+        t0 = time.perf_counter()
+        retrieved = self.retriever.search([s.query for s in active], self.cfg.top_k)
+        prompts = [self._step_prompt(s, docs) for s, docs in zip(active, retrieved)]
+        completions = self._generate(active, prompts, self.step_sampling)
+        # The round's wall time is shared by the batch: each step records its share.
+        per_q = (time.perf_counter() - t0) / len(active)
+        for s, docs, prompt, c in zip(active, retrieved, prompts, completions):
+            if c is not None:  # None: backend error, already recorded on the trace
+                self._record_step(s, docs, prompt, c, per_q)
+
+    def _step_prompt(self, s: QuestionState, docs) -> list[Message]:
+        q0 = s.trace.question.question
+        if not s.trace.steps:
+            return self.prompts.init(q0, docs)
+        prev = s.trace.steps[-1]
+        return self.prompts.update(q0, docs, prev.index, prev.reasoning, s.query)
+
+    def _record_step(self, s: QuestionState, docs, prompt, c: Completion, wall: float) -> None:
+        tr = s.trace
+        prev_index = tr.steps[-1].index if tr.steps else empty_index(self.prompts.format)
+        parsed = parse_step_output(c.text, self.prompts.format, prev_index, tr.question.question)
+        fallbacks = list(parsed.fallbacks)
+        if not docs:
+            fallbacks.append(FALLBACK_RETRIEVAL_EMPTY)
+        step = Step(step=len(tr.steps) + 1, query=s.query, retrieved=list(docs), prompt=prompt,
+                    raw_output=c.text, index=parsed.index, reasoning=parsed.reasoning,
+                    judgment=parsed.judgment, next_query=parsed.next_query, fallbacks=fallbacks,
+                    prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens, wall_time_s=wall)
+        tr.steps.append(step)
+        if parsed.judgment == "sufficient":
+            s.done, tr.stop_reason = True, "sufficient"
+        elif step.step >= self.cfg.max_steps:
+            s.done, tr.stop_reason = True, "max_steps"
+        else:
+            s.query = parsed.next_query or tr.question.question
+        if s.on_event:
+            s.on_event("step", tr, step)
+
+    def _answer_round(self, states: list[QuestionState]) -> None:
+        todo = [s for s in states if s.trace.error is None]
+        prompts = [self.prompts.answer(s.trace.question.question, s.trace.all_passages(),
+                                       s.trace.final_index, self.cfg.answer_mode) for s in todo]
+        completions = self._generate(todo, prompts, self.answer_sampling)
+        for s, prompt, c in zip(todo, prompts, completions):
+            if c is not None:
+                tr = s.trace
+                tr.final_prompt, tr.final_output = prompt, c.text
+                tr.answer = extract_answer(c.text)
+                tr.final_prompt_tokens, tr.final_completion_tokens = c.prompt_tokens, c.completion_tokens
+        for s in states:
+            s.answered = True
+            s.trace.wall_time_s = time.perf_counter() - s.started
+            if s.on_event:
+                s.on_event("answer", s.trace, None)
+
+    def _generate(self, states: list[QuestionState], prompts: list[list[Message]],
+                  sampling: SamplingParams) -> list[Completion | None]:
+        """One batched call; if the backend fails, retry one prompt at a time so one bad question
+        (an over-long prompt, say) does not take the others down with it."""
+        if not prompts:
+            return []
+        if len(prompts) > 1:
+            try:
+                out = self.llm.generate(prompts, sampling)
+                if len(out) == len(prompts):
+                    return list(out)
+            except Exception:
+                pass  # isolated below, where each failure is recorded on its own trace
+        return [self._generate_single(s, p, sampling) for s, p in zip(states, prompts)]
+
+    def _generate_single(self, s: QuestionState, prompt, sampling) -> Completion | None:
+        try:
+            out = self.llm.generate([prompt], sampling)
+            if len(out) != 1:
+                raise RuntimeError(f"backend returned {len(out)} completions for 1 prompt")
+            return out[0]
+        except Exception as e:
+            s.done = True
+            s.trace.error = f"{type(e).__name__}: {e}"
+            s.trace.stop_reason = "error"
+            return None
+
+
+_ANSWER_PREFIX = re.compile(r"^\s*(?:(?:the|my)\s+)?(?:final\s+)?answer\s*(?:is)?\s*[:：-]\s*", re.IGNORECASE)
+_ANSWER_TAG = re.compile(r"<\s*answer\s*>(.*?)(?:<\s*/\s*answer\s*>|$)", re.IGNORECASE | re.DOTALL)
+
+
+def extract_answer(text: str) -> str:
+    """The short answer from the answer call: an <answer> tag if any, else the first non-empty line,
+    without an "Answer:" prefix, quotes or a trailing period."""
+    m = _ANSWER_TAG.search(text)
+    if m:
+        text = m.group(1)
+    for line in text.splitlines():
+        line = _ANSWER_PREFIX.sub("", line.strip()).strip().strip("\"'`*“”").strip()
+        if line:
+            return line[:-1].rstrip() if line.endswith(".") and not line.endswith("..") else line
+    return ""
