@@ -276,3 +276,21 @@ class KeywordFacts:
             entry = merged.setdefault(norm_key(k), [k, []])
             entry[1] = _dedupe(entry[1] + list(fs))
         return Index(format=self.name, keyword_facts=list(merged.values()))
+
+
+@register_format
+class NoIndex:
+    """The "w/o Index" ablation: the loop reasons and writes queries from the documents alone."""
+
+    name = "none"
+    title = "w/o Index"
+    expects_index = False
+
+    def linearize(self, index: Index) -> str:
+        return "(no index)"
+
+    def parse(self, body: str) -> Index:
+        return Index(format=self.name)
+
+    def merge(self, previous: Index, new: Index) -> Index:
+        return Index(format=self.name)

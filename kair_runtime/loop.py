@@ -28,11 +28,12 @@ from kair_runtime.index import empty_index
 from kair_runtime.llm.base import LLM, Completion, SamplingParams
 from kair_runtime.parser import parse_step_output
 from kair_runtime.prompts import PromptSet
-from kair_runtime.records import FALLBACK_RETRIEVAL_EMPTY, Message, Question, Step, Trace
+from kair_runtime.records import FALLBACK_RETRIEVAL_EMPTY, Message, Question, ScoredPassage, Step, Trace
 from kair_runtime.retrieval.base import Retriever
 
 ProgressFn = Callable[[int], None]  # called with the number of questions just answered
 EventFn = Callable[[str, Trace, Step | None], None]  # ("step" | "answer", trace, step)
+FinalDocsFn = Callable[[Question, list[ScoredPassage]], list[ScoredPassage]]
 
 
 @dataclass
@@ -49,9 +50,11 @@ class QuestionState:
 
 class KairLoop:
     def __init__(self, llm: LLM, retriever: Retriever, config: LoopConfig | None = None,
-                 prompts: PromptSet | None = None):
+                 prompts: PromptSet | None = None, final_docs: FinalDocsFn | None = None):
         self.llm = llm
         self.retriever = retriever
+        # Reorders the answer prompt's documents (eval's shuffle and gold-position studies).
+        self.final_docs = final_docs
         self.cfg = config or LoopConfig()
         self.prompts = prompts or PromptSet.load(self.cfg.index_format, self.cfg.prompt_dir,
                                                  self.cfg.system_prompt, self.cfg.max_passage_words)
@@ -140,7 +143,7 @@ class KairLoop:
 
     def _answer_round(self, states: list[QuestionState]) -> None:
         todo = [s for s in states if s.trace.error is None]
-        prompts = [self.prompts.answer(s.trace.question.question, s.trace.all_passages(),
+        prompts = [self.prompts.answer(s.trace.question.question, self._final_docs(s.trace),
                                        s.trace.final_index, self.cfg.answer_mode) for s in todo]
         completions = self._generate(todo, prompts, self.answer_sampling)
         for s, prompt, c in zip(todo, prompts, completions):
@@ -155,32 +158,45 @@ class KairLoop:
             if s.on_event:
                 s.on_event("answer", s.trace, None)
 
+    def _final_docs(self, trace: Trace) -> list[ScoredPassage]:
+        docs = trace.all_passages()
+        return self.final_docs(trace.question, docs) if self.final_docs else docs
+
     def _generate(self, states: list[QuestionState], prompts: list[list[Message]],
                   sampling: SamplingParams) -> list[Completion | None]:
-        """One batched call; if the backend fails, retry one prompt at a time so one bad question
-        (an over-long prompt, say) does not take the others down with it."""
-        if not prompts:
-            return []
-        if len(prompts) > 1:
-            try:
-                out = self.llm.generate(prompts, sampling)
-                if len(out) == len(prompts):
-                    return list(out)
-            except Exception:
-                pass  # isolated below, where each failure is recorded on its own trace
-        return [self._generate_single(s, p, sampling) for s, p in zip(states, prompts)]
+        out: list[Completion | None] = []
+        for s, c in zip(states, generate_isolated(self.llm, prompts, sampling)):
+            if isinstance(c, Exception):
+                s.done, s.trace.stop_reason = True, "error"
+                s.trace.error = f"{type(c).__name__}: {c}"
+                c = None
+            out.append(c)
+        return out
 
-    def _generate_single(self, s: QuestionState, prompt, sampling) -> Completion | None:
+
+def generate_isolated(llm: LLM, prompts: list[list[Message]], sampling: SamplingParams) -> list[Completion | Exception]:
+    """One batched call; if the backend fails, retry one prompt at a time so one bad prompt (an
+    over-long one, say) does not take the others down with it. Failures come back as exceptions,
+    in place, for the caller to record."""
+    if not prompts:
+        return []
+    if len(prompts) > 1:
         try:
-            out = self.llm.generate([prompt], sampling)
-            if len(out) != 1:
-                raise RuntimeError(f"backend returned {len(out)} completions for 1 prompt")
-            return out[0]
+            out = llm.generate(prompts, sampling)
+            if len(out) == len(prompts):
+                return list(out)
+        except Exception:
+            pass  # isolated below, where each failure is returned in its own slot
+    results: list[Completion | Exception] = []
+    for p in prompts:
+        try:
+            one = llm.generate([p], sampling)
+            if len(one) != 1:
+                raise RuntimeError(f"backend returned {len(one)} completions for 1 prompt")
+            results.append(one[0])
         except Exception as e:
-            s.done = True
-            s.trace.error = f"{type(e).__name__}: {e}"
-            s.trace.stop_reason = "error"
-            return None
+            results.append(e)
+    return results
 
 
 _ANSWER_PREFIX = re.compile(r"^\s*(?:(?:the|my)\s+)?(?:final\s+)?answer\s*(?:is)?\s*[:：-]\s*", re.IGNORECASE)

@@ -141,7 +141,9 @@ def _parse(raw: str, format_name: str, previous: Index, question: str) -> Parsed
 
     body = sections.get("index")
     parsed = fmt.parse(body) if body is not None else None
-    if parsed is None or parsed.is_empty():
+    if not getattr(fmt, "expects_index", True):
+        index = previous  # the no-index ablation: nothing to parse, nothing missing
+    elif parsed is None or parsed.is_empty():
         index = previous
         fallbacks.append(FALLBACK_INDEX_MISSING)
     else:

@@ -1,0 +1,98 @@
+"""Every evaluation method end to end with a deterministic LLM and a small lexical retriever."""
+
+from __future__ import annotations
+
+import pytest
+
+from eval.methods import METHODS, MethodSettings, answer_after_marker, build_method
+from kair_runtime.config import LoopConfig
+from kair_runtime.llm.scripted import ScriptedLLM, echo_kair
+from kair_runtime.records import Question
+
+
+def cot_respond(messages):
+    """Writes a sentence per step and answers on the third reasoning sentence."""
+    prompt = messages[-1]["content"]
+    if "short answer only" in prompt:
+        return "Coldplay"
+    if "next sentence of reasoning" in prompt:
+        sofar = prompt.rsplit("Reasoning so far:", 1)[1]
+        return "So the answer is: 1996." if sofar.count(".") >= 2 else "Coldplay formed in London."
+    if "So the answer is" in prompt:  # iter-retgen
+        return "Lost! is by Coldplay. So the answer is: 1996"
+    return echo_kair(messages)
+
+
+QUESTIONS = [Question(id=f"q{i}", question=q, answers=["1996"]) for i, q in enumerate([
+    "Lost! is a song by a British rock band formed in what year?",
+    "Which city was the band behind Wonderwall formed in?",
+    "Was Blur formed before Coldplay?",
+])]
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_yields_one_trace_per_question(name, word_overlap):
+    settings = MethodSettings(loop=LoopConfig(max_steps=3, top_k=2), iter_retgen_iterations=2, ircot_max_steps=3)
+    traces = build_method(name, ScriptedLLM(cot_respond), word_overlap, settings).run(QUESTIONS)
+    assert [t.question.id for t in traces] == [q.id for q in QUESTIONS]
+    for t in traces:
+        assert t.method == name and t.error is None
+        assert t.steps and t.steps[0].query == t.question.question
+        assert t.answer and t.final_prompt
+        assert t.usage.prompt_tokens > 0
+
+
+def test_vanilla_uses_its_own_top_k(word_overlap):
+    settings = MethodSettings(vanilla_top_k=4)
+    (t,) = build_method("vanilla", ScriptedLLM(cot_respond), word_overlap, settings).run(QUESTIONS[:1])
+    assert len(t.steps) == 1 and len(t.steps[0].retrieved) == 4
+
+
+def test_iter_retgen_queries_with_the_previous_generation(word_overlap):
+    settings = MethodSettings(iter_retgen_iterations=3)
+    (t,) = build_method("iter-retgen", ScriptedLLM(cot_respond), word_overlap, settings).run(QUESTIONS[:1])
+    assert len(t.steps) == 3
+    assert t.steps[1].query == f"{t.question.question} {t.steps[0].raw_output.strip()}"
+    assert t.answer == "1996"
+
+
+def test_ircot_stops_at_the_answer_marker(word_overlap):
+    settings = MethodSettings(ircot_max_steps=5)
+    (t,) = build_method("ircot", ScriptedLLM(cot_respond), word_overlap, settings).run(QUESTIONS[:1])
+    assert t.stop_reason == "sufficient" and t.answer == "1996"
+    assert t.steps[1].query == "Coldplay formed in London."  # the last sentence is the next query
+
+
+def test_ablations_change_what_the_answer_sees(word_overlap):
+    s = MethodSettings(loop=LoopConfig(max_steps=2))
+    run = lambda n: build_method(n, ScriptedLLM(cot_respond), word_overlap, s).run(QUESTIONS[:1])[0]
+    qa_docs, qa_index, no_index, no_evolving = run("qa-docs"), run("qa-index"), run("no-index"), run("no-evolving")
+    assert "Index:" not in qa_docs.final_prompt[-1]["content"]
+    assert "Documents:" not in qa_index.final_prompt[-1]["content"]
+    assert all(st.index.is_empty() and st.parsed_ok for st in no_index.steps)
+    assert "<index>" not in no_index.steps[0].prompt[-1]["content"]
+    build = no_evolving.extra["index_build"]
+    assert build["index"]["keywords"]  # one index built at the end, over all documents
+    assert "Relationships:" in no_evolving.final_prompt[-1]["content"]
+
+
+def test_final_docs_hook_reorders_the_answer_documents(word_overlap):
+    s = MethodSettings(loop=LoopConfig(max_steps=1, top_k=3))
+    reverse = lambda q, docs: list(reversed(docs))
+    (t,) = build_method("kair", ScriptedLLM(cot_respond), word_overlap, s, final_docs=reverse).run(QUESTIONS[:1])
+    final = t.final_prompt[-1]["content"]
+    titles = [p.title for p in t.all_passages()]
+    assert final.index(f"] {titles[-1]}:") < final.index(f"] {titles[0]}:")
+
+
+def test_backend_failure_is_recorded_not_dropped(word_overlap):
+    def broken(messages):
+        raise ConnectionError("upstream down")
+    for name in METHODS:
+        traces = build_method(name, ScriptedLLM(broken), word_overlap, MethodSettings()).run(QUESTIONS)
+        assert len(traces) == len(QUESTIONS) and all("upstream down" in t.error for t in traces), name
+
+
+def test_answer_after_marker():
+    assert answer_after_marker("x. So the answer is: Paris.") == "Paris"
+    assert answer_after_marker("no marker here") is None
