@@ -136,6 +136,8 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a list, got {value!r}")
         (inner, *_) = typing.get_args(typ) or (Any,)
         return origin(_coerce(v, inner, where) for v in value)
+    if dataclasses.is_dataclass(typ):
+        return from_dict(typ, value, where)
     if origin is dict or typ is Any:
         return value
     if typ is float and isinstance(value, int) and not isinstance(value, bool):

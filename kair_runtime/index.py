@@ -56,16 +56,45 @@ def index_size(index: Index) -> dict[str, int]:
 
 # ---------------------------------------------------------------- text helpers
 
-_BULLET = re.compile(r"^\s*(?:[-*•+]+|\d+[.)]|\(\d+\))\s*")
+# A numbering mark ("1.", "2)", "(3)") only counts when text follows it, so "1996." and
+# "3.5 million" keep their digits.
+_BULLET = re.compile(r"^\s*(?:[-*•+–]+|(?:\d{1,3}[.)]|\(\d{1,3}\))(?=\s+\S))\s*")
 _EDGE_PUNCT = "\"'`“”‘’*[](){}<>.,;: \t"
+_BRACKETS = {"(": ")", "[": "]", "{": "}"}
 _SPACE = re.compile(r"\s+")
-# Relation separators real models emit: ->, -->, =>, →, ⟶, |, and " - " between spaced parts.
+# Relation separators real models emit: ->, -->, =>, →, ⟶, ➔, |; " - " only when none of those is there.
 _REL_SPLIT = re.compile(r"\s*(?:-{1,2}>|=>|→|⟶|➔|\|)\s*")
+_ARROW = re.compile(r"-{1,2}>|=>|→|⟶|➔")
+_DASH_SPLIT = re.compile(r"\s+[-–—]\s+")
+# A list comma, but not the thousands comma of "1,204".
+_LIST_SPLIT = re.compile(r";|(?<!\d),|,(?!\d)")
+
+
+def _strip_edges(text: str) -> str:
+    """Strip quotes, bullets' stars and stray punctuation from both ends, but keep a bracket that
+    closes one opened inside ("Viva la Vida (album)")."""
+    while True:
+        before = text
+        text = text.strip(_EDGE_PUNCT.translate({ord(c): None for c in "()[]{}"}))
+        if text[:1] in _BRACKETS and text.count(text[0]) > text.count(_BRACKETS[text[0]]):
+            text = text[1:]
+        closer = text[-1:]
+        opener = next((o for o, c in _BRACKETS.items() if c == closer), None)
+        if opener and text.count(closer) > text.count(opener):
+            text = text[:-1]
+        if text[:1] in _BRACKETS and text[-1:] == _BRACKETS[text[0]] and _balanced(text[1:-1]):
+            text = text[1:-1]  # a whole item wrapped in one pair: "(Coldplay)"
+        if text == before:
+            return text
+
+
+def _balanced(text: str) -> bool:
+    return all(text.count(o) == text.count(c) for o, c in _BRACKETS.items())
 
 
 def clean_item(text: str) -> str:
     text = _BULLET.sub("", text.strip())
-    return _SPACE.sub(" ", text).strip(_EDGE_PUNCT)
+    return _strip_edges(_SPACE.sub(" ", text))
 
 
 def norm_key(text: str) -> str:
@@ -132,23 +161,40 @@ def _sections(body: str) -> dict[str, list[str]]:
     return out
 
 
+def has_index_header(body: str) -> bool:
+    """Whether some line of `body` opens an index section ("Keywords:", "Relationships:", ...)."""
+    return any(_HEADER.match(line) for line in body.splitlines())
+
+
 def _split_list(lines: list[str]) -> list[str]:
     items = []
     for line in lines:
-        for part in re.split(r"[,;]", line):
+        for part in _LIST_SPLIT.split(line):
             c = clean_item(part)
             if c:
                 items.append(c)
     return items
 
 
+def is_relation_line(line: str) -> bool:
+    """Two arrows make a relation line wherever it stands (even under "Keywords:")."""
+    return len(_ARROW.findall(line)) >= 2
+
+
 def parse_relation_line(line: str) -> list[list[str]]:
-    """`A -> rel -> B` is one triple; a chain `A -> r1 -> B -> r2 -> C` gives (A,r1,B), (B,r2,C)."""
+    """`A -> rel -> B` is one triple; a chain `A -> r1 -> B -> r2 -> C` gives (A,r1,B), (B,r2,C);
+    `A -> r -> B; C -> r -> D` on one line gives two triples."""
     line = clean_item(line)
     if not line:
         return []
+    if ";" in line and _REL_SPLIT.search(line):
+        segments = [seg for seg in line.split(";") if seg.strip()]
+        if len(segments) > 1:
+            return [t for seg in segments for t in parse_relation_line(seg)]
     parts = [clean_item(p) for p in _REL_SPLIT.split(line)]
     parts = [p for p in parts if p]
+    if len(parts) < 3:
+        parts = [p for p in (clean_item(x) for x in _DASH_SPLIT.split(line)) if p]
     if len(parts) < 3:
         # "(A, rel, B)" tuples are another common shape.
         tup = [clean_item(p) for p in line.strip("()[]").split(",")]
@@ -174,9 +220,11 @@ class KeywordsRelations:
 
     def parse(self, body: str) -> Index:
         sec = _sections(body)
-        rel_lines = sec.get("relations", [])
-        keywords = _split_list(sec.get("keywords", []))
-        # Unlabelled relation lines (no "Relationships:" header) still count.
+        rel_lines = list(sec.get("relations", []))
+        # Relation lines under "Keywords:" or under no header (no "Relationships:") still count.
+        kw_lines = sec.get("keywords", [])
+        rel_lines += [line for line in kw_lines if is_relation_line(line)]
+        keywords = _split_list([line for line in kw_lines if not is_relation_line(line)])
         rel_lines += [line for line in sec.get("", []) if _REL_SPLIT.search(line)]
         relations = [t for line in rel_lines for t in parse_relation_line(line)]
         return Index(format=self.name, keywords=_dedupe(keywords), relations=_dedupe_relations(relations))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from kair_runtime.index import get_format
+from kair_runtime.index import IndexFormat, get_format, has_index_header
 from kair_runtime.records import (
     FALLBACK_INDEX_MISSING,
     FALLBACK_JUDGMENT_MISSING,
@@ -36,8 +36,15 @@ _INSUFFICIENT = re.compile(
     r"\b(insufficient|not\s+(?:yet\s+)?(?:sufficient|enough)|need(?:s)?\s+more)\b", re.IGNORECASE
 )
 _SUFFICIENT = re.compile(r"\b(sufficient|enough\s+information)\b", re.IGNORECASE)
-_JUDGMENT_LABEL = re.compile(r"judg(?:e)?ment\s*[:：]\s*(.*)", re.IGNORECASE)
-_NO_QUERY = re.compile(r"^(none|n/?a|null|-+|no\s+(?:further\s+)?query(?:\s+needed)?)\.?$", re.IGNORECASE)
+_JUDGMENT_LABEL = re.compile(r"judg(?:e)?ment[*_\s]*[:：]\s*(.*)", re.IGNORECASE)  # "**Judgment**: x" too
+_NO_QUERY = re.compile(
+    r"^(none|n/?a|null|-+|no\s+(?:further\s+|more\s+|new\s+)?(?:search\s+)?quer(?:y|ies)(?:\s+(?:is\s+|are\s+)?needed)?)\.?$",
+    re.IGNORECASE,
+)
+# Numbering or a "Query:" label before the query text; a query that starts with a year keeps it.
+_QUERY_PREFIX = re.compile(r"^\s*(?:[-*•]+\s*|\d{1,2}[.)]\s+)*(?:(?:next\s+)?(?:search\s+)?query\s*[:：])?\s*",
+                           re.IGNORECASE)
+_ANY_TAG = re.compile(f"{_OPEN.pattern}|{_CLOSE.pattern}", re.IGNORECASE)
 
 
 @dataclass
@@ -51,28 +58,45 @@ class ParsedStep:
 
 def split_sections(raw: str) -> dict[str, str]:
     """Return the text of each tagged section. A section runs to its closing tag, or else to the
-    next opening tag, or else to the end. The first occurrence of a tag wins."""
+    next opening tag, or else to the end. The first occurrence of a tag wins. Sections with no
+    tag are filled from plain labels ("Query: ..."), and an untagged index that opens the output
+    ("Keywords: ..." before the first tag or label) is taken as the index."""
     text = _FENCE.sub("", raw)
     opens = list(_OPEN.finditer(text))
-    if not opens:
-        return _split_labels(text)
     out: dict[str, str] = {}
+    spans: list[tuple[int, int, str | None]] = []  # (start, end, name if never closed)
     for i, m in enumerate(opens):
         name = _canonical(m.group(1))
         end = opens[i + 1].start() if i + 1 < len(opens) else len(text)
         close = _CLOSE.search(text, m.end(), end)
-        body = text[m.end(): close.start() if close else end]
-        out.setdefault(name, body.strip())
+        body_end = close.start() if close else end
+        spans.append((m.start(), body_end, None if close else name))
+        out.setdefault(name, text[m.end(): body_end].strip())
+    # A label inside a closed section belongs to it ("Judgment:" in <reasoning>...</reasoning>);
+    # in a section left open, a label of another kind ("Query:") starts that kind.
+    for name, body in _split_labels(text, skip=spans).items():
+        out.setdefault(name, body)
+    if "index" not in out:
+        first = min([m.start() for m in opens] + [m.start() for m in _LABEL.finditer(text)] + [len(text)])
+        preamble = text[:first].strip()
+        if has_index_header(preamble):
+            out["index"] = preamble
     return out
 
 
-def _split_labels(text: str) -> dict[str, str]:
-    marks = list(_LABEL.finditer(text))
+def _split_labels(text: str, skip: list[tuple[int, int, str | None]] = ()) -> dict[str, str]:
+    """Sections marked by plain labels at line starts; a body ends at the next label or tag.
+    Labels inside a `skip` span are ignored, unless the span was left open and is another kind."""
+    def skipped(m: re.Match) -> bool:
+        return any(a <= m.start() < b and open_name in (None, _canonical(m.group(1))) for a, b, open_name in skip)
+
+    marks = [m for m in _LABEL.finditer(text) if not skipped(m)]
     out: dict[str, str] = {}
     for i, m in enumerate(marks):
         name = _canonical(m.group(1))
         end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
-        body = text[m.end():end]
+        tag = _ANY_TAG.search(text, m.end(), end)
+        body = text[m.end(): tag.start() if tag else end]
         if name == "judgment":
             body = m.group(0).split(":", 1)[0] + ":" + body  # keep the label for judgment parsing
         out.setdefault(name, body.strip())
@@ -103,7 +127,7 @@ def parse_judgment(text: str) -> str | None:
 
 def clean_query(text: str) -> str:
     for line in text.splitlines():
-        line = re.sub(r"^\s*[-*\d.)\s]*(?:next\s+query|query)?\s*[:：]?\s*", "", line, flags=re.IGNORECASE)
+        line = _QUERY_PREFIX.sub("", line, count=1)
         line = line.strip().strip("\"'`“”*").strip()
         if line:
             return "" if _NO_QUERY.match(line) else line
@@ -123,8 +147,11 @@ def fallback_query(question: str, index: Index) -> str:
 
 
 def parse_step_output(raw: str, format_name: str, previous: Index, question: str) -> ParsedStep:
+    """Never raises on what the model wrote; an unknown `format_name` is the caller's bug and
+    raises KeyError."""
+    fmt = get_format(format_name)
     try:
-        return _parse(raw if isinstance(raw, str) else str(raw), format_name, previous, question)
+        return _parse(raw if isinstance(raw, str) else str(raw), fmt, previous, question)
     except Exception as e:  # the contract is "never raises": record the bug instead
         return ParsedStep(
             index=previous, reasoning="", judgment="insufficient",
@@ -134,8 +161,7 @@ def parse_step_output(raw: str, format_name: str, previous: Index, question: str
         )
 
 
-def _parse(raw: str, format_name: str, previous: Index, question: str) -> ParsedStep:
-    fmt = get_format(format_name)
+def _parse(raw: str, fmt: IndexFormat, previous: Index, question: str) -> ParsedStep:
     sections = split_sections(raw)
     fallbacks: list[str] = []
 

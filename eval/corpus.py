@@ -1,0 +1,220 @@
+"""Closed retrieval corpora: the union of the benchmarks' own paragraphs, with stable ids.
+
+The KAIR paper retrieved, for 2Wiki and MuSiQue, from the union of each benchmark's
+paragraphs; `build_corpus` makes that corpus from the loaders in eval.datasets, plus any
+extra paragraph files (e.g. 2Wiki's corpus_6119.json, or a jsonl corpus).
+
+Paragraphs are deduplicated by (title, text) after whitespace normalization, and a
+paragraph's id is a hash of that normalized pair, so the same paragraph gets the same id in
+every build and every corpus it lands in, and gold paragraphs can be mapped to corpus ids
+without keeping a table (`gold_paragraphs`, for recall@k). The id is the first 16 hex digits
+of sha1: at 64 bits a 5M-passage Wikipedia corpus has a ~1e-6 chance of any collision
+(12 digits would give ~4%), and a collision is detected and reported, never merged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from eval.datasets import SPLIT_ALIASES, LoadResult, MalformedRecord, get_spec, iter_json_records, load_dataset
+from kair_runtime.records import Question
+from kair_runtime.retrieval.base import CorpusError, iter_corpus, passage_from_record
+
+ID_HEX_DIGITS = 16
+
+
+def normalize_ws(s: str) -> str:
+    return " ".join(s.split())
+
+
+def paragraph_id(title: str, text: str) -> str:
+    # Title and text are whitespace-normalized, so neither holds "\n": the separator is unambiguous.
+    key = normalize_ws(title) + "\n" + normalize_ws(text)
+    return hashlib.sha1(key.encode("utf-8")).hexdigest()[:ID_HEX_DIGITS]
+
+
+# ---------------------------------------------------------------- paragraph sources
+
+
+def iter_paragraph_file(path: str | Path) -> Iterator[tuple[str, str]]:
+    """(title, text) from a JSON array or jsonl of `{title, text}` or FlashRAG `{id, contents}`;
+    an id in the file is ignored (ours is the content hash)."""
+    for where, rec in iter_json_records(path):
+        if isinstance(rec, MalformedRecord):
+            raise CorpusError(f"{where}: {rec}")
+        if not isinstance(rec, dict):
+            raise CorpusError(f"{where}: a paragraph should be a JSON object with 'text' or 'contents'")
+        p = passage_from_record({"id": "", **rec}, where)
+        yield p.title, p.text
+
+
+def load_source(name: str, split_or_path: str) -> LoadResult:
+    """A benchmark split we know (dev, train, ...) or a file in that benchmark's schema."""
+    spec = get_spec(name)
+    split = SPLIT_ALIASES.get(split_or_path, split_or_path)
+    if split in spec.files:
+        return load_dataset(spec.name, split=split)
+    if Path(split_or_path).is_file():
+        return load_dataset(spec.name, path=split_or_path)
+    raise CorpusError(f"{split_or_path!r} is neither a {spec.name} split ({', '.join(sorted(spec.files)) or 'none'}) "
+                      f"nor an existing file")
+
+
+# ---------------------------------------------------------------- building
+
+
+@dataclass
+class CorpusStats:
+    read: int = 0  # paragraphs read, duplicates included
+    unique: int = 0
+    written: int = 0
+    sources: dict[str, int] = field(default_factory=dict)  # source label -> paragraphs read
+    notes: list[str] = field(default_factory=list)
+    out: str = ""
+
+
+class Corpus:
+    """Deduplicating accumulator: id -> (title, text), in first-seen order."""
+
+    def __init__(self) -> None:
+        self.paragraphs: dict[str, tuple[str, str]] = {}
+        self.read = 0
+
+    def add(self, title: str, text: str, where: str) -> str:
+        title, text = normalize_ws(title), normalize_ws(text)
+        pid = paragraph_id(title, text)
+        self.read += 1
+        seen = self.paragraphs.setdefault(pid, (title, text))
+        if seen != (title, text):
+            raise CorpusError(f"{where}: id {pid} collides: {seen[0]!r} and {title!r} hash alike; "
+                              f"raise ID_HEX_DIGITS in eval/corpus.py")
+        return pid
+
+    def write(self, out: str | Path) -> int:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", encoding="utf-8") as f:
+            for pid, (title, text) in self.paragraphs.items():
+                f.write(json.dumps({"id": pid, "title": title, "text": text}, ensure_ascii=False) + "\n")
+        return len(self.paragraphs)
+
+
+def build_corpus(datasets: list[tuple[str, str]], extra_files: Iterable[str | Path] = (),
+                 out: str | Path = "corpus.jsonl") -> CorpusStats:
+    """Write the deduplicated union of the datasets' paragraphs and the extra files to `out`.
+
+    datasets: (name, split or path) pairs, e.g. [("musique", "dev"), ("2wiki", "data/dev.json")].
+    """
+    extra_files = list(extra_files)
+    corpus, stats = Corpus(), CorpusStats(out=str(out))
+    no_paragraphs = [name for name, _ in datasets if not get_spec(name).has_paragraphs]
+    if no_paragraphs and len(no_paragraphs) == len(datasets) and not extra_files:
+        raise CorpusError(f"{', '.join(no_paragraphs)} has no paragraphs (open retrieval), so it cannot make a "
+                          f"corpus on its own; the KAIR paper retrieved Bamboogle from the HotpotQA corpus: "
+                          f"add --dataset hotpotqa and/or --extra FILE")
+    for name, where in datasets:
+        label = f"{get_spec(name).name}:{where}"
+        if not get_spec(name).has_paragraphs:
+            stats.notes.append(f"{label}: no paragraphs (open retrieval), contributes nothing")
+            stats.sources[label] = 0
+            continue
+        before = corpus.read
+        loaded = load_source(name, where)
+        for q in loaded:
+            for p in q.metadata.get("context", []):
+                corpus.add(p["title"], p["text"], f"{loaded.source}: question {q.id}")
+        stats.sources[label] = corpus.read - before
+    for path in extra_files:
+        before = corpus.read
+        for i, (title, text) in enumerate(iter_paragraph_file(path)):
+            corpus.add(title, text, f"{path}[paragraph {i}]")
+        stats.sources[str(path)] = corpus.read - before
+    if not corpus.paragraphs:
+        raise CorpusError(f"no paragraphs found in {list(stats.sources)}; nothing to write")
+    stats.read, stats.unique = corpus.read, len(corpus.paragraphs)
+    stats.written = corpus.write(out)
+    return stats
+
+
+# ---------------------------------------------------------------- gold paragraphs -> corpus ids
+
+
+@dataclass
+class CorpusLookup:
+    """What gold mapping needs from a corpus: its ids, and its ids by title."""
+
+    ids: set[str]
+    by_title: dict[str, list[str]]
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "CorpusLookup":
+        ids: set[str] = set()
+        by_title: dict[str, list[str]] = {}
+        for p in iter_corpus(path):
+            ids.add(p.id)
+            by_title.setdefault(normalize_ws(p.title), []).append(p.id)
+        return cls(ids, by_title)
+
+    def unique_title(self, title: str) -> str | None:
+        found = self.by_title.get(normalize_ws(title), [])
+        return found[0] if len(found) == 1 else None
+
+
+@dataclass
+class GoldParagraphs:
+    ids: list[str]  # corpus ids of the gold paragraphs, in annotation order
+    missing: list[str]  # titles of gold paragraphs that could not be mapped
+
+
+def gold_paragraphs(question: Question, corpus: CorpusLookup | None = None) -> GoldParagraphs:
+    """Map a question's gold paragraphs to corpus ids.
+
+    Without a corpus, the ids are the content hashes (what build_corpus assigns). With one, a
+    hash not in it falls back to the title when exactly one corpus paragraph has that title
+    (e.g. a one-abstract-per-title Wikipedia dump with slightly different text). A gold title
+    whose text the record lacks (some HotpotQA dev questions) is mapped by title or reported
+    missing."""
+    ids: list[str] = []
+    missing: list[str] = []
+    covered: set[str] = set()
+    for p in question.metadata.get("supporting_paragraphs", []):
+        covered.add(p["title"])
+        pid: str | None = paragraph_id(p["title"], p["text"])
+        if corpus is not None and pid not in corpus.ids:
+            pid = corpus.unique_title(p["title"])
+        if pid:
+            ids.append(pid)
+        else:
+            missing.append(p["title"])
+    for title in question.metadata.get("supporting_titles", []):
+        if title in covered:
+            continue
+        pid = corpus.unique_title(title) if corpus is not None else None
+        if pid:
+            ids.append(pid)
+        else:
+            missing.append(title)
+    return GoldParagraphs(list(dict.fromkeys(ids)), missing)
+
+
+def gold_paragraph_ids(questions: Iterable[Question], corpus_path: str | Path | None = None) -> dict[str, GoldParagraphs]:
+    """question id -> its gold paragraphs' corpus ids (and any it could not map)."""
+    corpus = CorpusLookup.from_file(corpus_path) if corpus_path is not None else None
+    return {q.id: gold_paragraphs(q, corpus) for q in questions}
+
+
+MISSING_PREFIX = "missing:"
+
+
+def gold_passage_ids(questions: Iterable[Question], corpus_path: str | Path) -> dict[str, set[str]]:
+    """question id -> set of gold corpus ids, for set-based recall@k.
+
+    A gold paragraph the corpus lacks stays in the set as `missing:<title>`, an id no corpus
+    passage has: it keeps recall's denominator honest (it can never be retrieved) instead of
+    making the question look easier by dropping it."""
+    return {qid: set(g.ids) | {MISSING_PREFIX + t for t in g.missing}
+            for qid, g in gold_paragraph_ids(questions, corpus_path).items()}

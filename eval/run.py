@@ -1,0 +1,312 @@
+"""kair eval --config configs/eval/smoke-cpu.yaml [--adapter PATH | --checkpoints DIR] [--datasets a,b] [--methods kair,vanilla]
+
+Evaluate every (model, dataset, method) combination and write a run folder:
+
+    RUN/config.yaml                              the resolved config
+    RUN/<model>/<dataset>/<method>/traces.jsonl  one trace per question (resumable)
+    RUN/summary.json                             every figure of every combination
+    RUN/results.md                               Table 1 layout + run statistics
+    RUN/plots/*.png                              F1, step distribution, index size per step
+
+A rerun of the same command continues where it stopped: finished questions are read back from
+traces.jsonl (a torn last line from a kill is dropped) and only the rest are run.
+`kair eval compare RUN [RUN ...]` prints one table over several runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import typer
+import yaml
+
+from eval.methods import METHODS, MethodSettings, build_method
+from eval.report import markdown_report, results_table, summarize, write_plots
+from kair_runtime.config import (ConfigError, RuntimeConfig, apply_overrides, from_dict, read_yaml, to_dict)
+from kair_runtime.jsonl import JsonlWriter, recover
+from kair_runtime.llm import build_llm
+from kair_runtime.records import Question, ScoredPassage, Trace
+from kair_runtime.retrieval import build_retriever
+
+
+@dataclass
+class DatasetSpec:
+    name: str  # a loader in eval.datasets: hotpotqa, musique, 2wikimultihopqa, bamboogle, flashrag
+    split: str = "dev"
+    path: str | None = None  # None: the default file for (name, split) in the shared data dir
+    corpus: str | None = None  # a jsonl corpus; None: the closed corpus built from `corpus_from`
+    corpus_from: list[str] = field(default_factory=list)  # "name:split" sources; [] = this dataset
+    extra_corpus: list[str] = field(default_factory=list)  # extra corpus files (e.g. 2Wiki corpus_6119.json)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.split in ("dev", "test") else f"{self.name}-{self.split}"
+
+
+@dataclass
+class BaselineConfig:
+    vanilla_top_k: int = 5
+    iter_retgen_iterations: int = 3
+    iter_retgen_max_tokens: int = 256
+    ircot_max_steps: int = 4
+    ircot_max_tokens: int = 96
+
+
+@dataclass
+class RobustnessConfig:
+    shuffle_seeds: list[int] = field(default_factory=list)  # one extra run per seed, final docs shuffled
+    gold_position: int | None = None  # put the gold documents at this 1-based position
+
+
+@dataclass
+class EvalConfig:
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    datasets: list[DatasetSpec] = field(default_factory=list)
+    methods: list[str] = field(default_factory=lambda: ["kair"])
+    limit: int | None = None  # the first N questions
+    sample: int | None = None  # or a reproducible random sample of N
+    seed: int = 0
+    out_dir: str = "runs/eval"
+    run_name: str | None = None  # default: the config file's name
+    checkpoints: str | None = None  # evaluate every checkpoint-* adapter under this dir
+    include_base: bool = False  # with checkpoints: also the base model without adapter
+    chunk_size: int = 16  # questions appended to traces.jsonl at a time (resume granularity)
+    skip_malformed: bool = False  # count and report malformed dataset records instead of failing
+    baselines: BaselineConfig = field(default_factory=BaselineConfig)
+    robustness: RobustnessConfig = field(default_factory=RobustnessConfig)
+
+
+# ---------------------------------------------------------------- models, data, retrievers
+
+def model_variants(cfg: EvalConfig) -> list[tuple[str, str | None]]:
+    """(tag, adapter) pairs: the configured model/adapter, or every checkpoint of a training run."""
+    base = Path(cfg.runtime.llm.model).name or cfg.runtime.llm.model
+    if not cfg.checkpoints:
+        adapter = cfg.runtime.llm.adapter
+        return [(f"{base}+{Path(adapter).name}" if adapter else base, adapter)]
+    root = Path(cfg.checkpoints)
+    ckpts = sorted((p for p in root.glob("checkpoint-*") if (p / "adapter_config.json").exists()),
+                   key=lambda p: int(re.sub(r"\D", "", p.name) or 0))
+    if (root / "adapter_config.json").exists():
+        ckpts.append(root)  # the final adapter saved at the top of the output dir
+    if not ckpts:
+        raise ConfigError(f"no checkpoint-*/adapter_config.json under {root}")
+    variants = [(base, None)] if cfg.include_base else []
+    return variants + [(f"{base}+{p.name}", str(p)) for p in ckpts]
+
+
+def load_questions(spec: DatasetSpec, cfg: EvalConfig) -> tuple[list[Question], list[str]]:
+    """The questions, and the malformed records skipped (only with skip_malformed; reported)."""
+    from eval.datasets import load_dataset
+
+    loaded = load_dataset(spec.name, path=spec.path, split=spec.split, limit=cfg.limit, sample=cfg.sample,
+                          seed=cfg.seed, skip_malformed=cfg.skip_malformed)
+    return list(loaded.questions), list(loaded.skipped)
+
+
+def corpus_for(spec: DatasetSpec, cache: Path) -> Path:
+    """The dataset's retrieval corpus: given, or the closed corpus of its sources, built once."""
+    from eval.corpus import build_corpus
+
+    if spec.corpus:
+        return Path(spec.corpus)
+    sources = spec.corpus_from or [f"{spec.name}:{spec.split}"]
+    out = cache / ("+".join(s.replace(":", "-") for s in sources) + ".jsonl")
+    if not out.exists():
+        pairs = [tuple(s.split(":", 1)) if ":" in s else (s, "dev") for s in sources]
+        build_corpus(pairs, extra_files=spec.extra_corpus, out=out)
+    return out
+
+
+def final_docs_fn(robust: RobustnessConfig, shuffle_seed: int | None, gold_ids: dict[str, set[str]]):
+    """The answer prompt's document order for the robustness studies (None: retrieval order)."""
+    if shuffle_seed is None and robust.gold_position is None:
+        return None
+
+    def order(q: Question, docs: list[ScoredPassage]) -> list[ScoredPassage]:
+        docs = list(docs)
+        if shuffle_seed is not None:
+            random.Random(f"{shuffle_seed}:{q.id}").shuffle(docs)
+        if robust.gold_position is not None:
+            gold = gold_ids.get(q.id, set())
+            golds = [d for d in docs if d.id in gold]
+            rest = [d for d in docs if d.id not in gold]
+            at = max(0, min(robust.gold_position - 1, len(rest)))
+            docs = rest[:at] + golds + rest[at:]
+        return docs
+
+    return order
+
+
+# ---------------------------------------------------------------- the run
+
+def run_eval(cfg: EvalConfig, run_dir: Path, progress: bool = True) -> list[dict]:
+    from tqdm import tqdm
+
+    unknown = [m for m in cfg.methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"unknown method(s) {unknown}; choose from {sorted(METHODS)}")
+    if not cfg.datasets:
+        raise ConfigError("no datasets to evaluate: set `datasets` or pass --datasets")
+    _claim_run_dir(run_dir, cfg)
+
+    data = []
+    for spec in cfg.datasets:
+        questions, skipped = load_questions(spec, cfg)
+        corpus = corpus_for(spec, run_dir / "corpora")
+        retriever = build_retriever(dataclasses.replace(cfg.runtime.retriever, corpus=str(corpus), index_dir=None))
+        data.append((spec, questions, skipped, retriever, gold_ids_for(questions, corpus)))
+
+    settings = MethodSettings(loop=cfg.runtime.loop, **dataclasses.asdict(cfg.baselines))
+    runs = [(m, None) for m in cfg.methods] + [(m, s) for m in cfg.methods for s in cfg.robustness.shuffle_seeds]
+    rows = []
+    for tag, adapter in model_variants(cfg):
+        llm = None  # loaded only if some combination still has questions to run
+        for spec, questions, skipped, retriever, gold in data:
+            for method, shuffle in runs:
+                label = method if shuffle is None else f"{method}@shuffle{shuffle}"
+                path = run_dir / tag / spec.label / label / "traces.jsonl"
+                done = {r["question"]["id"]: Trace.from_dict(r) for r in recover(path)}
+                todo = [q for q in questions if q.id not in done]
+                if todo:
+                    llm = llm or build_llm(dataclasses.replace(cfg.runtime.llm, adapter=adapter))
+                    m = build_method(method, llm, retriever, settings,
+                                     final_docs_fn(cfg.robustness, shuffle, gold))
+                    bar = tqdm(total=len(questions), initial=len(done), desc=f"{tag} {spec.label} {label}",
+                               disable=not progress, unit="q")
+                    with JsonlWriter(path) as out:
+                        for i in range(0, len(todo), cfg.chunk_size):
+                            chunk = m.run(todo[i:i + cfg.chunk_size])
+                            out.write(t.to_dict() for t in chunk)
+                            done.update((t.question.id, t) for t in chunk)
+                            bar.update(len(chunk))
+                    bar.close()
+                traces = [done[q.id] for q in questions]
+                summary = summarize(traces, gold)
+                summary["skipped_malformed"] = len(skipped)  # not in n: they never became questions
+                rows.append({"model": tag, "dataset": spec.label, "method": label, "summary": summary})
+    write_reports(rows, run_dir)
+    return rows
+
+
+def gold_ids_for(questions: list[Question], corpus: Path) -> dict[str, set[str]]:
+    from eval.corpus import gold_passage_ids
+
+    return gold_passage_ids(questions, corpus)
+
+
+def _claim_run_dir(run_dir: Path, cfg: EvalConfig) -> None:
+    """A run dir belongs to one config: resuming with a different one would mix results."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.yaml"
+    resolved = to_dict(cfg)
+    if path.exists():
+        old = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if old != resolved:
+            changed = sorted(k for k in set(old) | set(resolved) if old.get(k) != resolved.get(k))
+            raise ConfigError(f"{run_dir} holds a run with a different config (differs in: {', '.join(changed)}); "
+                              "use another --run-name or delete the folder")
+    else:
+        path.write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
+
+
+def write_reports(rows: list[dict], run_dir: Path) -> None:
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    (run_dir / "summary.json").write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    (run_dir / "results.md").write_text(markdown_report(rows, datasets) + _robustness(rows), encoding="utf-8")
+    write_plots(rows, datasets, run_dir / "plots")
+
+
+def _robustness(rows: list[dict]) -> str:
+    """Mean and sigma of F1 over the shuffle seeds, per (model, dataset, method)."""
+    from statistics import mean, pstdev
+
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        if "@shuffle" in r["method"]:
+            key = (r["model"], r["dataset"], r["method"].split("@")[0])
+            groups.setdefault(key, []).append(r["summary"]["f1"])
+    if not groups:
+        return ""
+    lines = ["", "## Shuffled final documents (F1 over seeds)", "", "| model | dataset | method | seeds | mean | sigma |",
+             "|---|---|---|---|---|---|"]
+    for (model, ds, method), f1s in groups.items():
+        lines.append(f"| {model} | {ds} | {method} | {len(f1s)} | {mean(f1s):.2f} | {pstdev(f1s):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- CLI
+
+eval_app = typer.Typer(help="Evaluate prompted and tuned models; compare runs.", no_args_is_help=False,
+                       invoke_without_command=True)
+
+
+@eval_app.callback()
+def main(
+    ctx: typer.Context,
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="A configs/eval/*.yaml file."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key: --set runtime.loop.max_steps=3"),
+    model: Optional[str] = typer.Option(None, help="Base model (hub name or path)."),
+    adapter: Optional[str] = typer.Option(None, help="A LoRA adapter or checkpoint dir."),
+    checkpoints: Optional[str] = typer.Option(None, help="Evaluate every checkpoint-* under this dir."),
+    datasets: Optional[str] = typer.Option(None, help="Comma-separated dataset names (dev splits)."),
+    methods: Optional[str] = typer.Option(None, help=f"Comma-separated: {', '.join(METHODS)}"),
+    limit: Optional[int] = typer.Option(None, help="First N questions per dataset."),
+    run_name: Optional[str] = typer.Option(None, help="Run folder name under out_dir."),
+    out_dir: Optional[str] = typer.Option(None, help="Where run folders go (default runs/eval)."),
+) -> None:
+    if ctx.invoked_subcommand is not None:
+        return
+    if config is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(2)
+    try:
+        cfg = load_eval_config(config, set_, model=model, adapter=adapter, checkpoints=checkpoints,
+                               datasets=datasets, methods=methods, limit=limit, run_name=run_name, out_dir=out_dir)
+        run_dir = Path(cfg.out_dir) / (cfg.run_name or Path(config).stem)
+        rows = run_eval(cfg, run_dir)
+    except (ConfigError, KeyError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    datasets_seen = list(dict.fromkeys(r["dataset"] for r in rows))
+    typer.echo(results_table(rows, datasets_seen))
+    typer.echo(f"\nrun folder: {run_dir}  (results.md, summary.json, plots/)")
+
+
+def load_eval_config(path: str, overrides: list[str], **flags) -> EvalConfig:
+    data = read_yaml(path)
+    apply_overrides(data, overrides)
+    if flags.get("model"):
+        data.setdefault("runtime", {}).setdefault("llm", {})["model"] = flags["model"]
+    if flags.get("adapter"):
+        data.setdefault("runtime", {}).setdefault("llm", {})["adapter"] = flags["adapter"]
+    if flags.get("datasets"):
+        known = {d.get("name"): d for d in data.get("datasets", [])}
+        data["datasets"] = [known.get(n, {"name": n}) for n in flags["datasets"].split(",")]
+    if flags.get("methods"):
+        data["methods"] = flags["methods"].split(",")
+    for key in ("checkpoints", "limit", "run_name", "out_dir"):
+        if flags.get(key) is not None:
+            data[key] = flags[key]
+    return from_dict(EvalConfig, data)
+
+
+@eval_app.command()
+def compare(runs: list[str] = typer.Argument(..., help="Run folders to put in one table.")) -> None:
+    """One table over several runs (e.g. prompted vs tuned, or every checkpoint)."""
+    rows = []
+    for run in runs:
+        path = Path(run) / "summary.json"
+        if not path.exists():
+            typer.echo(f"error: {path} not found (is {run} a finished eval run?)", err=True)
+            raise typer.Exit(2)
+        for r in json.loads(path.read_text(encoding="utf-8")):
+            rows.append({**r, "model": f"{Path(run).name}: {r['model']}"})
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    typer.echo(results_table(rows, datasets))
