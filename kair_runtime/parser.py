@@ -16,11 +16,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from kair_runtime.index import IndexFormat, get_format, has_index_header
+from kair_runtime.index import norm_key, IndexFormat, get_format, has_index_header
 from kair_runtime.records import (
     FALLBACK_INDEX_MISSING,
     FALLBACK_JUDGMENT_MISSING,
     FALLBACK_QUERY_MISSING,
+    FALLBACK_TEMPLATE_ECHO,
     Index,
 )
 
@@ -125,12 +126,34 @@ def parse_judgment(text: str) -> str | None:
     return None
 
 
+# The reply layout in the prompts uses these words as placeholders. A small model that copies
+# the layout verbatim has not written an index: the items are dropped (and the echo recorded),
+# so format validity is not inflated by parroting.
+_PLACEHOLDER_ITEMS = frozenset({"keyword", "keyword 1", "keyword 2", "fact", "head", "a few sentences",
+                                "keyword: fact", "head -> relation -> tail"})
+_PLACEHOLDER_QUERIES = frozenset({"the next search query, or none", "the next search query", "next search query"})
+
+
+def drop_placeholders(index: Index) -> tuple[Index, bool]:
+    """The index without items copied from the prompt's reply template; True if any were."""
+    keep = lambda x: norm_key(x) not in _PLACEHOLDER_ITEMS
+    cleaned = Index(
+        format=index.format,
+        keywords=[k for k in index.keywords if keep(k)],
+        relations=[r for r in index.relations if [norm_key(x) for x in r] != ["head", "relation", "tail"]],
+        facts=[f for f in index.facts if keep(f)],
+        keyword_facts=[[k, [f for f in fs if keep(f)]] for k, fs in index.keyword_facts if keep(k)],
+        summary="" if norm_key(index.summary) in _PLACEHOLDER_ITEMS else index.summary,
+    )
+    return cleaned, cleaned != index
+
+
 def clean_query(text: str) -> str:
     for line in text.splitlines():
         line = _QUERY_PREFIX.sub("", line, count=1)
         line = line.strip().strip("\"'`“”*").strip()
         if line:
-            return "" if _NO_QUERY.match(line) else line
+            return "" if _NO_QUERY.match(line) or norm_key(line) in _PLACEHOLDER_QUERIES else line
     return ""
 
 
@@ -167,6 +190,10 @@ def _parse(raw: str, fmt: IndexFormat, previous: Index, question: str) -> Parsed
 
     body = sections.get("index")
     parsed = fmt.parse(body) if body is not None else None
+    if parsed is not None:
+        parsed, echoed = drop_placeholders(parsed)
+        if echoed:
+            fallbacks.append(FALLBACK_TEMPLATE_ECHO)
     if not getattr(fmt, "expects_index", True):
         index = previous  # the no-index ablation: nothing to parse, nothing missing
     elif parsed is None or parsed.is_empty():

@@ -142,8 +142,10 @@ class Step:
 FALLBACK_INDEX_MISSING = "index_missing"
 FALLBACK_JUDGMENT_MISSING = "judgment_missing"
 FALLBACK_QUERY_MISSING = "query_missing"
+FALLBACK_TEMPLATE_ECHO = "template_echo"  # placeholder items copied from the prompt's reply layout
 FALLBACK_RETRIEVAL_EMPTY = "retrieval_empty"
-FORMAT_FALLBACKS = frozenset({FALLBACK_INDEX_MISSING, FALLBACK_JUDGMENT_MISSING, FALLBACK_QUERY_MISSING})
+FORMAT_FALLBACKS = frozenset({FALLBACK_INDEX_MISSING, FALLBACK_JUDGMENT_MISSING, FALLBACK_QUERY_MISSING,
+                              FALLBACK_TEMPLATE_ECHO})
 
 
 @dataclass

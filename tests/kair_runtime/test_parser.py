@@ -378,3 +378,17 @@ def test_truncating_a_canonical_output_anywhere(fmt):
         check_invariants(raw[:cut], fmt, empty_index(fmt), Q0)
         check_invariants(raw[:cut], fmt, PREVIOUS[fmt], Q0)
     assert parse(raw, fmt).index == expected  # the whole output is still read exactly
+
+
+def test_a_copied_reply_template_is_not_a_valid_index():
+    from kair_runtime.index import empty_index
+    from kair_runtime.parser import parse_step_output
+
+    echo = ("<index>\nKeywords: keyword, keyword\nRelationships:\nhead -> relation -> tail\n</index>\n"
+            "<reasoning>... Judgment: sufficient or insufficient</reasoning>\n<query>the next search query, or none</query>")
+    p = parse_step_output(echo, "kr", empty_index("kr"), "Who founded Orvane Optics?")
+    assert p.index.is_empty()
+    assert {"template_echo", "index_missing", "query_missing"} <= set(p.fallbacks)
+    real = echo.replace("keyword, keyword", "Orvane Optics, Ilse Marr").replace("head -> relation -> tail", "Orvane Optics -> founded by -> Ilse Marr")
+    p = parse_step_output(real, "kr", empty_index("kr"), "Who founded Orvane Optics?")
+    assert p.index.keywords == ["Orvane Optics", "Ilse Marr"] and "template_echo" not in p.fallbacks
