@@ -18,6 +18,9 @@ def config_class(path: Path):
     kind = path.relative_to(ROOT / "configs").parts[0]
     if kind == "runtime":
         return RuntimeConfig
+    if kind == "serve":
+        from kair_runtime.serve.config import ServeConfig
+        return ServeConfig
     if kind == "eval":
         from eval.run import EvalConfig
         return EvalConfig

@@ -1,0 +1,234 @@
+"""python bench/serve_load.py [--scripted] [--requests 200] [--concurrency 32] [--sequential-requests N] [--set loop.max_steps=2]
+
+Load test of `kair serve`, all on loopback. Starts the app under uvicorn on 127.0.0.1 on a free
+port (in a subprocess: this script with --serve-port), waits for /healthz, sends one warm-up
+request, then:
+
+  1. concurrent: --requests POST /v1/answer from --concurrency client threads; the server batches
+     them into the loop's rounds (continuous batching);
+  2. one at a time: the same requests (the first --sequential-requests of them) sequentially;
+
+and prints p50/p95 latency, throughput and errors of each phase and the throughput ratio, all
+measured in this run. Target: 0 errors and a ratio >= 4x.
+
+Backends:
+  default      configs/serve/default.yaml: the hf backend with SmolLM2-135M on the CPU, MiniLM
+               over the embedded demo corpus. Slow on a small CPU: use --requests/--set to size it.
+  --scripted   configs/serve/scripted.yaml: no model (the echo backend, BM25). Each generate()
+               call sleeps --scripted-delay-ms first, whatever its batch size: the cost model of an
+               accelerator, where a batched call costs about what a single one does. With a delay
+               of 0 it measures the server's own overhead.
+
+Every phase is bounded: no new request starts after --phase-time-limit-s, and each request has
+the server's request timeout. Requests that never started are reported as skipped. The server
+process is terminated at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from kair_runtime.demo_data import load_demo_questions
+from kair_runtime.llm import build_llm
+from kair_runtime.llm.base import Completion, SamplingParams
+from kair_runtime.records import Message
+from kair_runtime.retrieval import build_retriever
+from kair_runtime.serve.app import create_app
+from kair_runtime.serve.config import ServeConfig, load_serve_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class DelayedLLM:
+    """Wraps an LLM: a fixed sleep per generate() call, independent of the batch size."""
+
+    def __init__(self, inner, delay_s: float):
+        self.inner, self.delay_s = inner, delay_s
+        self.name = f"{inner.name}+{delay_s * 1000:g}ms/call"
+        self.calls: list[int] = []
+
+    def generate(self, prompts: list[list[Message]], sampling: SamplingParams) -> list[Completion]:
+        self.calls.append(len(prompts))
+        time.sleep(self.delay_s)
+        return self.inner.generate(prompts, sampling)
+
+
+@dataclass
+class Phase:
+    name: str
+    latencies: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    skipped: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def done(self) -> int:
+        return len(self.latencies)
+
+    @property
+    def throughput(self) -> float:
+        return self.done / self.wall_s if self.wall_s > 0 else 0.0
+
+    def line(self) -> str:
+        lat = sorted(self.latencies)
+        p50 = statistics.median(lat) if lat else float("nan")
+        p95 = lat[min(len(lat) - 1, int(0.95 * len(lat)))] if lat else float("nan")
+        return (f"{self.name:<13} ok={self.done:<4} errors={len(self.errors):<3} skipped={self.skipped:<4} "
+                f"wall={self.wall_s:7.1f}s  p50={p50:6.2f}s  p95={p95:6.2f}s  throughput={self.throughput:6.2f} req/s")
+
+
+def run_phase(name: str, url: str, bodies: list[dict], clients: int, time_limit_s: float,
+              timeout_s: float) -> Phase:
+    phase, lock = Phase(name), threading.Lock()
+    deadline = time.monotonic() + time_limit_s
+    local = threading.local()
+
+    def one(body: dict) -> None:
+        if time.monotonic() > deadline:
+            with lock:
+                phase.skipped += 1
+            return
+        if not hasattr(local, "client"):  # one keep-alive connection per client thread
+            local.client = httpx.Client(base_url=url, timeout=timeout_s)
+        t0 = time.perf_counter()
+        try:
+            r = local.client.post("/v1/answer", json=body)
+            error = None if r.status_code == 200 else f"{r.status_code}: {r.text[:200]}"
+        except httpx.HTTPError as e:
+            error = f"{type(e).__name__}: {e}"
+        with lock:
+            if error:
+                phase.errors.append(error)
+            else:
+                phase.latencies.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, bodies))
+    phase.wall_s = time.perf_counter() - t0
+    return phase
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_app(args: argparse.Namespace, cfg: ServeConfig):
+    def build():
+        llm = build_llm(cfg.llm)
+        return (DelayedLLM(llm, args.scripted_delay_ms / 1000) if args.scripted else llm), build_retriever(cfg.retriever)
+    return create_app(cfg, build=build)
+
+
+def start_server(args: argparse.Namespace, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """This script again, as the server process (`--serve-port`): the clients' threads then do
+    not compete with the server for one interpreter's GIL, as with a real deployment."""
+    port = free_port()
+    cmd = [sys.executable, __file__, "--serve-port", str(port), "--scripted-delay-ms", str(args.scripted_delay_ms)]
+    cmd += ["--scripted"] if args.scripted else []
+    cmd += ["--config", args.config] if args.config else []
+    for o in args.overrides:
+        cmd += ["--set", o]
+    proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(proc: subprocess.Popen, url: str, log_path: Path, timeout_s: float = 900.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
+        try:
+            r = httpx.get(url + "/healthz", timeout=5)
+            if r.status_code == 200:
+                return
+            if r.json().get("status") == "failed":
+                raise SystemExit(f"the server failed to load: {r.json().get('error')}")
+        except httpx.TransportError:
+            pass  # not listening yet
+        time.sleep(0.2)
+    raise SystemExit(f"the server was not ready within {timeout_s:.0f}s; log: {log_path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scripted", action="store_true", help="no model: the scripted backend (see above)")
+    ap.add_argument("--config", default=None, help="a serve config (default: by backend, see above)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="override a config key")
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--sequential-requests", type=int, default=None, help="default: all of --requests")
+    ap.add_argument("--scripted-delay-ms", type=float, default=20.0)
+    ap.add_argument("--phase-time-limit-s", type=float, default=1800.0)
+    ap.add_argument("--serve-port", type=int, default=None, help=argparse.SUPPRESS)  # the server process
+    args = ap.parse_args()
+    if not 1 <= args.requests <= 10_000 or not 1 <= args.concurrency <= 256:
+        ap.error("--requests must be in 1..10000 and --concurrency in 1..256")
+
+    config = args.config or str(ROOT / "configs" / "serve" / ("scripted.yaml" if args.scripted else "default.yaml"))
+    cfg: ServeConfig = load_serve_config(config, args.overrides)
+    if args.serve_port is not None:
+        uvicorn.run(build_app(args, cfg), host="127.0.0.1", port=args.serve_port, log_level="warning")
+        return
+
+    questions = load_demo_questions()
+    bodies = [{"question": questions[i % len(questions)].question} for i in range(args.requests)]
+    n_seq = min(args.sequential_requests or args.requests, args.requests)
+    timeout = cfg.server.request_timeout_s + 5
+    print(f"config {config} {' '.join(args.overrides)}")
+    print(f"requests={args.requests} concurrency={args.concurrency} sequential={n_seq} "
+          f"max_batch={cfg.server.max_batch} batch_wait_ms={cfg.server.batch_wait_ms} "
+          f"max_steps={cfg.loop.max_steps} top_k={cfg.loop.top_k} step_max_tokens={cfg.loop.step_max_tokens}")
+
+    with tempfile.TemporaryDirectory(prefix="kair-serve-load-") as tmp:
+        log_path = Path(tmp) / "server.log"
+        proc, url = start_server(args, log_path)
+        try:
+            t0 = time.perf_counter()
+            wait_ready(proc, url, log_path)
+            info = httpx.get(url + "/v1/info", timeout=10).json()
+            print(f"server {url} (pid {proc.pid}) ready in {time.perf_counter() - t0:.1f}s: "
+                  f"{info['model']['loaded_as']} with {info['retriever']['name']}")
+            warm = run_phase("warm-up", url, bodies[:1], 1, args.phase_time_limit_s, timeout)
+            if warm.errors:
+                raise SystemExit(f"warm-up request failed: {warm.errors[0]}")
+            before = httpx.get(url + "/v1/info", timeout=10).json()["batching"]
+            conc = run_phase("concurrent", url, bodies, args.concurrency, args.phase_time_limit_s, timeout)
+            after = httpx.get(url + "/v1/info", timeout=10).json()["batching"]
+            seq = run_phase("one-at-a-time", url, bodies[:n_seq], 1, args.phase_time_limit_s, timeout)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    print(conc.line())
+    print(seq.line())
+    print(f"batching: {after['rounds'] - before['rounds']} loop rounds for {conc.done} concurrent requests, "
+          f"up to {after['max_in_flight']} questions in flight together")
+    for e in (conc.errors + seq.errors)[:5]:
+        print(f"  error: {e}")
+    ratio = conc.throughput / seq.throughput if seq.throughput else float("nan")
+    errors = len(conc.errors) + len(seq.errors)
+    print(f"throughput ratio (concurrent / one-at-a-time): {ratio:.1f}x   errors: {errors}   "
+          f"target 0 errors and >= 4x: {'met' if errors == 0 and ratio >= 4 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""The transformers backend: a causal LM (optionally with a PEFT LoRA adapter) run in-process.
+
+Prompts go through the tokenizer's chat template, are left-padded into chunks of `batch_size`
+and decoded with `model.generate`: greedy when temperature is 0, else seeded sampling. Token
+counts are exact: the prompt's template tokens, and the completion up to and including the end
+token (or the token that completed a stop string), never padding.
+
+    llm = HFBackend.from_config(LLMConfig(model="smollm2-135m"))
+    llm = HFBackend(model, tokenizer)  # an already loaded model, e.g. during training
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria,
+                          StoppingCriteriaList)
+
+from kair_runtime.config import LLMConfig
+from kair_runtime.llm.base import BackendError, Completion, SamplingParams
+from kair_runtime.llm.smollm2 import smollm2_dir
+from kair_runtime.records import Message
+
+# Model names that are not hub ids or paths: each resolves to a local directory on demand.
+EMBEDDED_MODELS: dict[str, Callable[[], Path]] = {"smollm2-135m": smollm2_dir}
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                                  "float16": torch.float16}
+
+
+class HFBackend:
+    def __init__(self, model, tokenizer, *, batch_size: int = 8, max_context: int | None = None,
+                 name: str = "hf"):
+        """`model` is a causal LM (or PeftModel) already on its device; `tokenizer` has a chat
+        template. `max_context` defaults to the model's max_position_embeddings."""
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.name = name
+        self.device = next(model.parameters()).device
+        self.max_context = max_context or getattr(model.config, "max_position_embeddings", None)
+        self.eos_ids = _eos_ids(model, tokenizer)
+        # Padding is masked out, so any id works; a distinct pad token keeps the output readable.
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(self.eos_ids)
+
+    @classmethod
+    def from_config(cls, cfg: LLMConfig) -> "HFBackend":
+        device, dtype = resolve_device_dtype(cfg.device, cfg.dtype)
+        try:
+            path = resolve_model(cfg.model)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as e:
+            raise BackendError(f"could not load model {cfg.model!r}: {e}") from e
+        name = f"hf:{cfg.model}"
+        if cfg.adapter:
+            model, adapter_tokenizer = load_adapter(model, cfg.adapter)
+            tokenizer = adapter_tokenizer or tokenizer
+            name += f"+{cfg.adapter}"
+        # llm.max_model_len (listed with the vllm settings) caps the context here too.
+        return cls(model.to(device), tokenizer, batch_size=cfg.batch_size,
+                   max_context=cfg.max_model_len, name=name)
+
+    def encode(self, messages: list[Message]) -> list[int]:
+        """The prompt's token ids: the chat template with the assistant turn opened."""
+        if not self.tokenizer.chat_template:
+            raise BackendError(f"{self.name}: the tokenizer has no chat template")
+        enc = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=True, return_dict=True)
+        return list(enc["input_ids"])
+
+    def generate(self, prompts: list[list[Message]], sampling: SamplingParams) -> list[Completion]:
+        encoded = [self.encode(p) for p in prompts]
+        self._check_context(encoded, sampling.max_tokens)
+        # Similar lengths share a chunk (less padding); results go back in input order.
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+        results: list[Completion | None] = [None] * len(encoded)
+        with _seeded(sampling.seed, self.device):
+            for start in range(0, len(order), self.batch_size):
+                chunk = order[start:start + self.batch_size]
+                for i, c in zip(chunk, self._generate_chunk([encoded[i] for i in chunk], sampling)):
+                    results[i] = c
+        return results  # type: ignore[return-value]
+
+    def _check_context(self, encoded: list[list[int]], max_tokens: int) -> None:
+        if self.max_context is None:
+            return
+        for i, ids in enumerate(encoded):
+            if len(ids) + max_tokens > self.max_context:
+                raise BackendError(
+                    f"{self.name}: prompt {i} has {len(ids)} tokens, and with max_tokens={max_tokens} "
+                    f"it exceeds the model's context of {self.max_context} tokens; shorten the prompt "
+                    f"(e.g. loop.max_passage_words) or lower max_tokens")
+
+    def _generate_chunk(self, batch: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, ids in enumerate(batch):  # left padding: every prompt ends where generation starts
+            input_ids[row, width - len(ids):] = torch.tensor(ids)
+            attention[row, width - len(ids):] = 1
+        stopping = StoppingCriteriaList([_StopStrings(self.tokenizer, sampling.stop, width)]
+                                        if sampling.stop else [])
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=input_ids.to(self.device),
+                                      attention_mask=attention.to(self.device),
+                                      generation_config=self._generation_config(sampling),
+                                      stopping_criteria=stopping)
+        return [self._finish(row, len(ids), sampling) for row, ids in zip(out[:, width:].tolist(), batch)]
+
+    def _generation_config(self, s: SamplingParams) -> GenerationConfig:
+        # Every knob set explicitly: unset ones would be filled from the model's own
+        # generation_config (often top_k=20, repetition_penalty=1.05...), which the other
+        # backends do not apply.
+        # top_k=0 turns off the top-k filter HF samples with by default.
+        sample = dict(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0) \
+            if not s.greedy else dict(do_sample=False)
+        return GenerationConfig(max_new_tokens=s.max_tokens, repetition_penalty=1.0,
+                                eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_id, **sample)
+
+    def _finish(self, row: list[int], prompt_tokens: int, sampling: SamplingParams) -> Completion:
+        """One generated row (padding included) -> text, exact token count and finish reason."""
+        n, finish = len(row), "length"
+        for k, tok in enumerate(row):
+            if tok in self.eos_ids:
+                n, finish = k + 1, "stop"
+                break
+        ids = row[:n]
+        text = self._decode(ids)
+        cut = _first_stop(text, sampling.stop)
+        if cut is not None:
+            n, finish, text = _tokens_until_stop(ids, sampling.stop, self._decode), "stop", text[:cut]
+        return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=n, finish_reason=finish)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class _StopStrings(StoppingCriteria):
+    """Stops a row once its generated text (not the prompt) contains a stop string. Decoding the
+    same way as `_finish` keeps the stopping point and the reported token count consistent."""
+
+    def __init__(self, tokenizer, stop: tuple[str, ...], prompt_width: int):
+        self.tokenizer, self.stop, self.prompt_width = tokenizer, stop, prompt_width
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_width:], skip_special_tokens=True)
+        return torch.tensor([_first_stop(t, self.stop) is not None for t in texts], device=input_ids.device)
+
+
+def _first_stop(text: str, stop: tuple[str, ...]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stop if s) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _tokens_until_stop(ids: list[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]) -> int:
+    """The fewest leading tokens whose text contains a stop string (binary search: the property
+    only turns on as tokens are added)."""
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _first_stop(decode(ids[:mid]), stop) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    return hi
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    """Every id that ends a turn: the tokenizer's eos plus the model's generation_config list
+    (chat models often have two, e.g. <|im_end|> and <|endoftext|>)."""
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    if not ids:
+        raise BackendError("the tokenizer and the model's generation_config define no eos token")
+    return ids
+
+
+@contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Seed sampling without touching the caller's random state."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
+def resolve_model(name: str) -> str:
+    """An embedded model name -> its local directory; anything else is a hub id or path as is."""
+    return str(EMBEDDED_MODELS[name]()) if name in EMBEDDED_MODELS else name
+
+
+def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """"auto" means CUDA with bfloat16 when a GPU is present, else CPU with float32."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dtype == "auto":
+        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise BackendError(f"llm.dtype: unknown dtype {dtype!r}; choose auto or one of {sorted(DTYPES)}")
+    return dev, DTYPES[dtype]
+
+
+def load_adapter(model, adapter: str | Path):
+    """Wrap `model` with the PEFT adapter in `adapter` (a training checkpoint dir works). Returns
+    the PeftModel and the tokenizer saved next to the adapter, if training saved one."""
+    from peft import PeftModel
+
+    path = Path(adapter)
+    if not (path / "adapter_config.json").is_file():
+        raise BackendError(f"llm.adapter: {path} has no adapter_config.json; expected a PEFT LoRA "
+                           f"adapter directory (a training checkpoint directory works)")
+    try:
+        peft_model = PeftModel.from_pretrained(model, path)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise BackendError(f"llm.adapter: could not load the adapter in {path}: {e}") from e
+    tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
+    return peft_model, tokenizer

@@ -1,0 +1,10 @@
+"""`kair serve`: the KAIR loop behind an HTTP API, with continuous batching and a live demo page.
+
+    app.py        the FastAPI app: /v1/answer, /v1/answer/stream (SSE), /healthz, /v1/info, /
+    scheduler.py  the worker thread that batches concurrent requests into loop rounds
+    config.py     ServeConfig: a runtime config plus a `server` section
+    cli.py        the `serve` command (mounted on the main `kair` app)
+    static/       the single demo page
+
+FastAPI and uvicorn are the `serve` extra: only modules in this package import them.
+"""

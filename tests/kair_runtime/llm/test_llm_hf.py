@@ -1,0 +1,191 @@
+"""HFBackend on the tiny random-init models: batching, exact counts, stopping, seeds, adapters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from kair_runtime.config import LLMConfig
+from kair_runtime.llm import LLM, BackendError, SamplingParams, build_llm
+from kair_runtime.llm.hf import HFBackend
+
+QUESTIONS = ["Hi", "Who founded the company that built airplanes?", "What is the capital of France?",
+             "Numbers 1 2 3 4 5 6 7 8 9 10 100 1000",
+             "The river flows north through the valley, past the old mill and the village church.",
+             "Paris", "A scientist at the university studied the history of the city.", "Golden Gate Bridge"]
+PROMPTS = [[{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": q}]
+           for q in QUESTIONS]
+
+
+def _load(path):
+    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def qwen(tiny_model_dir) -> HFBackend:
+    return HFBackend(*_load(tiny_model_dir), batch_size=3)
+
+
+@pytest.fixture(scope="module")
+def llama_eos(tiny_llama_dir) -> HFBackend:
+    """The tiny Llama with its end token's (tied) embedding scaled up, so greedy rows end at
+    different lengths: some at EOS, some at max_tokens. That is what exercises padding. The
+    scale is the first that gives such a mix on PROMPTS (2.0 with the current builder)."""
+    for scale in (2.0, 1.5, 2.5, 3.0):
+        model, tok = _load(tiny_llama_dir)
+        with torch.no_grad():
+            model.get_input_embeddings().weight[tok.eos_token_id] *= scale
+        llm = HFBackend(model, tok, batch_size=3)
+        reasons = [c.finish_reason for c in llm.generate(PROMPTS, SamplingParams(max_tokens=32))]
+        if min(reasons.count("stop"), reasons.count("length")) >= 2:
+            return llm
+    pytest.fail("no EOS scale gives a mix of finished and truncated rows")
+
+
+def _raw_greedy(llm: HFBackend, messages, max_new: int) -> list[int]:
+    """Reference: one unpadded prompt straight through model.generate, which stops after EOS."""
+    ids = llm.encode(messages)
+    out = llm.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             max_new_tokens=max_new, do_sample=False, eos_token_id=llm.tokenizer.eos_token_id,
+                             pad_token_id=llm.tokenizer.pad_token_id)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("backend", ["qwen", "llama_eos"])
+def test_batched_equals_one_at_a_time_under_greedy(backend, request):
+    llm: HFBackend = request.getfixturevalue(backend)
+    s = SamplingParams(max_tokens=32)
+    batched = llm.generate(PROMPTS, s)  # 8 prompts in chunks of 3, sorted by length inside
+    single = [llm.generate([p], s)[0] for p in PROMPTS]
+    assert len(batched) == len(PROMPTS)
+    assert [(c.text, c.prompt_tokens, c.completion_tokens, c.finish_reason) for c in batched] == \
+        [(c.text, c.prompt_tokens, c.completion_tokens, c.finish_reason) for c in single]
+    assert len({c.text for c in batched}) == len(PROMPTS)  # really one answer per prompt, in order
+
+
+def test_token_counts_are_exact(llama_eos):
+    out = llama_eos.generate(PROMPTS, SamplingParams(max_tokens=32))
+    reasons = [c.finish_reason for c in out]
+    assert "stop" in reasons and "length" in reasons  # the fixture's premise: mixed row lengths
+    tok = llama_eos.tokenizer
+    for msgs, c in zip(PROMPTS, out):
+        assert c.prompt_tokens == len(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                                              return_dict=True)["input_ids"])
+        ref = _raw_greedy(llama_eos, msgs, 32)
+        assert c.completion_tokens == len(ref)  # up to and including EOS, no padding
+        assert c.text == tok.decode(ref, skip_special_tokens=True)
+        assert (ref[-1] == tok.eos_token_id) == (c.finish_reason == "stop")
+
+
+def test_max_tokens_is_honoured(qwen):
+    out = qwen.generate(PROMPTS[:4], SamplingParams(max_tokens=5))
+    assert [(c.completion_tokens, c.finish_reason) for c in out] == [(5, "length")] * 4
+    assert all(c.text == qwen._decode(_raw_greedy(qwen, p, 5)) for p, c in zip(PROMPTS, out))
+
+
+def test_stop_strings_cut_the_text_and_count_tokens_to_the_stop(qwen):
+    full = qwen.generate(PROMPTS[:2], SamplingParams(max_tokens=24))
+    # A 3-character ASCII window from the middle of the first answer.
+    start = next(i for i in range(6, len(full[0].text) - 3) if full[0].text[i:i + 3].isascii()
+                 and full[0].text[i:i + 3].isprintable())
+    stop = full[0].text[start:start + 3]
+    cut = qwen.generate(PROMPTS[:2], SamplingParams(max_tokens=24, stop=(stop, "\x00never")))
+    assert cut[0].text == full[0].text[:full[0].text.find(stop)]
+    assert cut[0].finish_reason == "stop"
+    ids = _raw_greedy(qwen, PROMPTS[0], 24)
+    k = cut[0].completion_tokens  # the fewest tokens whose text contains the stop string
+    assert stop in qwen._decode(ids[:k]) and stop not in qwen._decode(ids[:k - 1])
+    if stop not in full[1].text:  # the other row of the batch is untouched
+        assert (cut[1].text, cut[1].completion_tokens) == (full[1].text, full[1].completion_tokens)
+
+
+def test_seeded_sampling_is_reproducible_and_private(qwen):
+    hot = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=16, seed=7)
+    torch.manual_seed(0)
+    expected_global = torch.rand(2)
+    torch.manual_seed(0)
+    a = [c.text for c in qwen.generate(PROMPTS, hot)]
+    assert torch.equal(torch.rand(2), expected_global)  # the caller's RNG is untouched
+    assert [c.text for c in qwen.generate(PROMPTS, hot)] == a
+    other = [c.text for c in qwen.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=16, seed=8))]
+    greedy = [c.text for c in qwen.generate(PROMPTS, SamplingParams(max_tokens=16))]
+    assert other != a and greedy != a
+
+
+def test_too_long_prompt_is_a_backend_error(tiny_model_dir):
+    llm = build_llm(LLMConfig(backend="hf", model=str(tiny_model_dir), max_model_len=64))
+    long = [{"role": "user", "content": "the river flows north " * 20}]
+    with pytest.raises(BackendError, match=r"prompt 1 has \d+ tokens.*max_tokens=8.*context of 64 tokens"):
+        llm.generate([PROMPTS[0], long], SamplingParams(max_tokens=8))
+    assert llm.generate([PROMPTS[0]], SamplingParams(max_tokens=8))[0].completion_tokens == 8
+
+
+def test_from_config_builds_a_protocol_backend(tiny_model_dir):
+    cfg = LLMConfig(backend="hf", model=str(tiny_model_dir), device="cpu", dtype="bfloat16", batch_size=2)
+    llm = build_llm(cfg)
+    assert isinstance(llm, HFBackend) and isinstance(llm, LLM)
+    assert llm.name == f"hf:{tiny_model_dir}" and llm.batch_size == 2
+    assert next(llm.model.parameters()).dtype == torch.bfloat16
+    (c,) = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4))
+    assert c.completion_tokens == 4 and c.text
+    auto = build_llm(LLMConfig(backend="hf", model=str(tiny_model_dir)))  # no GPU here: cpu + float32
+    want = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    assert next(auto.model.parameters()).dtype == want
+
+
+def test_bad_model_settings_are_clear_errors(tiny_model_dir, tmp_path):
+    with pytest.raises(BackendError, match=r"llm.dtype: unknown dtype 'fp8'"):
+        build_llm(LLMConfig(backend="hf", model=str(tiny_model_dir), dtype="fp8"))
+    with pytest.raises(BackendError, match=r"could not load model .*nowhere"):
+        build_llm(LLMConfig(backend="hf", model=str(tmp_path / "nowhere")))
+    with pytest.raises(BackendError, match=r"no adapter_config.json"):
+        build_llm(LLMConfig(backend="hf", model=str(tiny_model_dir), adapter=str(tmp_path)))
+
+
+# ---------------------------------------------------------------- LoRA adapters
+
+def _save_lora(base_dir, out_dir, random_b: bool, with_tokenizer: bool = False):
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = _load(base_dir)
+    # init_lora_weights=False draws lora_B at random too (the default zeroes it: a no-op adapter).
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM",
+                     init_lora_weights=not random_b)
+    peft_model = get_peft_model(model, cfg)
+    peft_model.save_pretrained(out_dir)
+    if with_tokenizer:  # as a training checkpoint dir would have it, with its own template
+        tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                             "[assistant] ")
+        tok.save_pretrained(out_dir)
+    return out_dir
+
+
+def _last_logits(llm: HFBackend, messages) -> torch.Tensor:
+    with torch.no_grad():
+        return llm.model(torch.tensor([llm.encode(messages)])).logits[0, -1]
+
+
+def test_adapter_changes_the_model_only_when_lora_b_is_nonzero(tiny_model_dir, tmp_path):
+    base = build_llm(LLMConfig(backend="hf", model=str(tiny_model_dir)))
+    live = build_llm(LLMConfig(backend="hf", model=str(tiny_model_dir),
+                               adapter=str(_save_lora(tiny_model_dir, tmp_path / "live", random_b=True))))
+    noop = build_llm(LLMConfig(backend="hf", model=str(tiny_model_dir),
+                               adapter=str(_save_lora(tiny_model_dir, tmp_path / "noop", random_b=False))))
+    from peft import PeftModel
+
+    assert isinstance(live.model, PeftModel) and live.name.endswith(str(tmp_path / "live"))
+    b, l, n = (_last_logits(x, PROMPTS[1]) for x in (base, live, noop))
+    assert (l - b).abs().max() > 1e-2
+    assert torch.allclose(n, b, atol=1e-6)
+    s = SamplingParams(max_tokens=16)
+    base_out, live_out = base.generate(PROMPTS, s), live.generate(PROMPTS, s)
+    assert [c.text for c in base_out] != [c.text for c in live_out]
+    assert [c.text for c in noop.generate(PROMPTS, s)] == [c.text for c in base_out]
+
+
+def test_adapter_dir_tokenizer_is_used(tiny_model_dir, tmp_path):
+    adapter = _save_lora(tiny_model_dir, tmp_path / "ckpt", random_b=True, with_tokenizer=True)
+    llm = build_llm(LLMConfig(backend="hf", model=str(tiny_model_dir), adapter=str(adapter)))
+    prompt = llm.tokenizer.decode(llm.encode([{"role": "user", "content": "Hi"}]))
+    assert prompt == "[user] Hi\n[assistant] "
