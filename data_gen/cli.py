@@ -1,0 +1,190 @@
+"""`kair datagen ...`: teacher trajectories, filtering, SFT data, silver trajectories, index quality.
+
+    kair datagen generate --config configs/datagen/teacher-qwen2.5-7b-vllm.yaml --shard 0 --num-shards 4
+    kair datagen filter runs/datagen/teacher --out runs/datagen/filtered --best-k 2
+    kair datagen to-sft runs/datagen/filtered --out runs/datagen/sft
+    kair datagen silver --config configs/datagen/silver.yaml
+    kair datagen quality runs/datagen/silver
+
+Every command takes `--config FILE` (a dataclass config: an unknown key is an error) and
+`--set key=value` overrides; explicit flags win over both. Mounted as `kair datagen` through
+the `kair.commands` entry point; `python -m data_gen.cli` runs it too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, TypeVar
+
+import typer
+
+from data_gen.filter import FilterConfig, print_report, run_filter
+from data_gen.quality import QualityConfig, print_quality, summarize_quality, write_quality
+from data_gen.sft import SFTConfig, SFTError, build_sft
+from data_gen.silver import SilverConfig, silver, silver_counts
+from data_gen.store import read_trajectories
+from data_gen.teacher import GenerateConfig, generate
+from kair_runtime.config import ConfigError, apply_overrides, from_dict, read_yaml
+from kair_runtime.jsonl import JsonlError
+
+T = TypeVar("T")
+
+datagen_app = typer.Typer(help="Distillation data: teacher trajectories, filtering, SFT examples, silver data.",
+                          no_args_is_help=True, pretty_exceptions_enable=False)
+
+CONFIG = typer.Option(None, "--config", "-c", help="A configs/datagen/*.yaml file.")
+SET = typer.Option([], "--set", help="Override a config key: --set runtime.loop.max_steps=3")
+USER_ERRORS = (ConfigError, KeyError, FileNotFoundError, ValueError, JsonlError, SFTError)
+
+
+def load(cls: type[T], config: str | None, overrides: list[str], flags: dict[str, Any]) -> T:
+    """YAML file, then `--set` overrides, then the flags that were given (dotted key -> value)."""
+    data = read_yaml(config) if config else {}
+    apply_overrides(data, overrides)
+    for key, value in flags.items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return from_dict(cls, data)
+
+
+def datasets_flag(arg: str | None) -> list[dict] | None:
+    """`hotpotqa:train,musique` -> dataset specs (split "train" when not given)."""
+    if arg is None:
+        return None
+    specs = []
+    for item in arg.split(","):
+        name, _, split = item.strip().partition(":")
+        specs.append({"name": name, "split": split or "train"})
+    return specs
+
+
+def _fail(e: Exception) -> None:
+    typer.echo(f"error: {e}", err=True)
+    raise typer.Exit(2)
+
+
+@datagen_app.command("generate")
+def generate_cmd(
+    config: Optional[str] = CONFIG,
+    set_: list[str] = SET,
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output folder (default runs/datagen/teacher)."),
+    shard: Optional[int] = typer.Option(None, help="This machine's shard, 0-based."),
+    num_shards: Optional[int] = typer.Option(None, help="How many machines split the questions."),
+    datasets: Optional[str] = typer.Option(None, help="Comma-separated NAME[:SPLIT] training sets."),
+    limit: Optional[int] = typer.Option(None, help="The first N questions of every training set."),
+    progress: bool = typer.Option(True, help="Show the progress bar."),
+) -> None:
+    """Run the teacher through the KAIR loop over the training questions (resumable)."""
+    try:
+        cfg = load(GenerateConfig, config, set_, {"out_dir": out, "shard": shard, "num_shards": num_shards,
+                                                  "datasets": datasets_flag(datasets)})
+        if limit is not None:
+            for spec in cfg.datasets:
+                spec.limit = limit
+        result = generate(cfg, progress=progress)
+    except USER_ERRORS as e:
+        _fail(e)
+    typer.echo(f"{result.existing + result.written} / {result.total} trajectories in {result.path} "
+               f"({result.written} written now, {result.existing} already there)")
+
+
+@datagen_app.command("filter")
+def filter_cmd(
+    trajectories: Optional[str] = typer.Argument(None, help="A trajectory folder or jsonl file."),
+    config: Optional[str] = CONFIG,
+    set_: list[str] = SET,
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output folder (default runs/datagen/filtered)."),
+    min_f1: Optional[float] = typer.Option(None, help="Keep answers with token F1 >= this (default 1.0)."),
+    best_k: Optional[int] = typer.Option(None, help="At most k trajectories per question."),
+    max_step_tokens: Optional[int] = typer.Option(None, help="Completion budget per step (default: as recorded)."),
+) -> None:
+    """Keep correct, well-formed trajectories; print and write a report."""
+    try:
+        cfg = load(FilterConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "min_f1": min_f1,
+                                                "best_k": best_k, "max_step_tokens": max_step_tokens})
+        report = run_filter(cfg)
+    except USER_ERRORS as e:
+        _fail(e)
+    print_report(report)
+    typer.echo(f"kept.jsonl, report.json, report.md -> {cfg.out_dir}")
+
+
+@datagen_app.command("to-sft")
+def to_sft_cmd(
+    trajectories: Optional[str] = typer.Argument(None, help="Filtered trajectories (a filter output folder)."),
+    config: Optional[str] = CONFIG,
+    set_: list[str] = SET,
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output folder (default runs/datagen/sft)."),
+    validation_fraction: Optional[float] = typer.Option(None, help="Share of questions held out (default 0.05)."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the train/validation split."),
+    prompt_source: Optional[str] = typer.Option(None, help="canonical | recorded"),
+) -> None:
+    """Turn trajectories into chat examples: messages jsonl, a DatasetDict and a dataset card."""
+    try:
+        cfg = load(SFTConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "seed": seed,
+                                             "validation_fraction": validation_fraction,
+                                             "prompt_source": prompt_source})
+        stats = build_sft(cfg)
+    except USER_ERRORS as e:
+        _fail(e)
+    for name, sp in stats["splits"].items():
+        typer.echo(f"{name}: {sp['examples']} examples from {sp['questions']} questions {sp['by_kind']}")
+    if stats["skipped_not_reproducible"]:
+        typer.echo(f"skipped {len(stats['skipped_not_reproducible'])} trajectories (see stats.json)")
+    typer.echo(f"train.jsonl, validation.jsonl, dataset/, README.md -> {cfg.out_dir}")
+
+
+@datagen_app.command("silver")
+def silver_cmd(
+    config: Optional[str] = CONFIG,
+    set_: list[str] = SET,
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output folder (default runs/datagen/silver)."),
+    datasets: Optional[str] = typer.Option(None, help="Comma-separated NAME[:SPLIT], e.g. musique,2wiki:dev"),
+    limit: Optional[int] = typer.Option(None, help="The first N questions of every dataset."),
+    index_format: Optional[str] = typer.Option(None, help="kr | text | keywords | facts | kf | none"),
+) -> None:
+    """Trajectories from gold annotations with real retrieval (no LLM)."""
+    try:
+        cfg = load(SilverConfig, config, set_, {"out_dir": out, "datasets": datasets_flag(datasets),
+                                                "runtime.loop.index_format": index_format})
+        if limit is not None:
+            for spec in cfg.datasets:
+                spec.limit = limit
+        path, traces = silver(cfg)
+    except USER_ERRORS as e:
+        _fail(e)
+    for name, c in silver_counts(traces).items():
+        typer.echo(f"{name}: {c['complete']} / {c['total']} complete")
+    typer.echo(f"{len(traces)} trajectories -> {path}")
+
+
+@datagen_app.command("quality")
+def quality_cmd(
+    trajectories: Optional[str] = typer.Argument(None, help="A trajectory folder or jsonl file."),
+    config: Optional[str] = CONFIG,
+    set_: list[str] = SET,
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="quality.json path (default: in TRAJ_DIR)."),
+) -> None:
+    """Index quality: gold entity and triple recall, and the step the answer enters the index."""
+    try:
+        cfg = load(QualityConfig, config, set_, {"trajectories": trajectories, "out": out})
+        if not cfg.trajectories:
+            raise ConfigError("pass TRAJ_DIR or set `trajectories`")
+        traces = read_trajectories(cfg.trajectories)
+        rows = summarize_quality(traces)
+        src = Path(cfg.trajectories)
+        dest = Path(cfg.out) if cfg.out else (src if src.is_dir() else src.parent) / "quality.json"
+        write_quality(rows, traces, dest)
+    except USER_ERRORS as e:
+        _fail(e)
+    print_quality(rows)
+    typer.echo(f"quality.json, quality.md -> {dest.parent}")
+
+
+if __name__ == "__main__":
+    datagen_app()

@@ -1,0 +1,190 @@
+"""Index quality: how much of the gold evidence a trajectory's index anchored, and when.
+
+Works on any trajectory (teacher or silver) whose question keeps its gold annotations:
+
+    entity recall   gold evidence entities found among the final index's keywords
+                    (K&F: its keys; formats without keywords, facts and text: anywhere in the
+                    index text). Gold entities: 2Wiki evidence subjects and objects; MuSiQue
+                    sub-answers and supporting titles; HotpotQA supporting titles and the
+                    answer (not yes/no).
+    triple recall   gold (subject, relation, object) triples (2Wiki evidences) matched by an
+                    index relation on head and tail; the relation words are free (K&R only).
+    answer step     the first step whose index contains a gold answer (yes/no answers and
+                    questions never anchoring it are left out of the mean).
+
+Matching is normalized (the answer metrics' normalization) and fuzzy: two strings match when
+their token F1 is >= 0.5 or one contains the other. A title's disambiguation "(film)" is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from data_gen.silver import entity_of
+from eval.metrics import normalize_answer, token_f1
+from kair_runtime.index import get_format
+from kair_runtime.records import Index, Trace
+
+MATCH_F1 = 0.5
+
+
+@dataclass
+class QualityConfig:
+    trajectories: str | None = None  # a trajectory folder or jsonl file (the CLI argument wins)
+    out: str | None = None  # the quality.json to write; None: in the trajectory folder
+
+
+def fuzzy_match(a: str, b: str) -> bool:
+    na, nb = normalize_answer(a), normalize_answer(b)
+    if not na or not nb:
+        return False
+    return na in nb or nb in na or token_f1(na, nb) >= MATCH_F1
+
+
+def gold_entities(trace: Trace) -> list[str]:
+    """The entities the gold evidence names, from whichever annotations the question has."""
+    m = trace.question.metadata
+    if m.get("evidences"):
+        ents = [x for s, _, o in m["evidences"] for x in (s, o)]
+    elif m.get("decomposition"):
+        ents = [d["answer"] for d in m["decomposition"]] + [entity_of(t) for t in m.get("supporting_titles", [])]
+    else:
+        ents = [entity_of(t) for t in m.get("supporting_titles", [])]
+        ents += [a for a in trace.question.answers[:1] if normalize_answer(a) not in ("yes", "no")]
+    return list(dict.fromkeys(e for e in ents if normalize_answer(e)))
+
+
+def gold_triples(trace: Trace) -> list[list[str]]:
+    return [list(t) for t in trace.question.metadata.get("evidences", [])]
+
+
+def index_keywords(index: Index) -> list[str] | None:
+    """The index's keyword list, or None for formats that have none (match the text instead)."""
+    if index.format in ("kr", "keywords"):
+        return list(index.keywords)
+    if index.format == "kf":
+        return [k for k, _ in index.keyword_facts]
+    return None
+
+
+def entity_found(entity: str, index: Index) -> bool:
+    keywords = index_keywords(index)
+    if keywords is None:
+        return fuzzy_containment(entity, get_format(index.format).linearize(index))
+    return any(fuzzy_match(entity, k) for k in keywords)
+
+
+def fuzzy_containment(needle: str, text: str) -> bool:
+    n = normalize_answer(needle)
+    return bool(n) and f" {n} " in f" {normalize_answer(text)} "
+
+
+def answer_in_index(answers: list[str], index: Index) -> bool:
+    text = get_format(index.format).linearize(index)
+    return any(fuzzy_containment(a, text) for a in answers)
+
+
+@dataclass
+class IndexQuality:
+    question_id: str
+    dataset: str
+    source: str
+    entities: int
+    entities_found: int
+    triples: int
+    triples_found: int
+    answer_eligible: bool  # a gold answer that can appear in an index (not yes/no)
+    answer_step: int | None  # first step whose index contains it
+
+    @property
+    def entity_recall(self) -> float | None:
+        return self.entities_found / self.entities if self.entities else None
+
+    @property
+    def triple_recall(self) -> float | None:
+        return self.triples_found / self.triples if self.triples else None
+
+
+def trajectory_quality(trace: Trace) -> IndexQuality:
+    final = trace.final_index or Index(format=trace.index_format)
+    ents = gold_entities(trace)
+    # Only K&R indexes hold relations; for the other formats triple recall does not apply.
+    triples = gold_triples(trace) if final.format == "kr" else []
+    rels = final.relations
+    found_t = sum(any(fuzzy_match(h, r[0]) and fuzzy_match(t, r[2]) for r in rels) for h, _, t in triples)
+    answers = [a for a in trace.question.answers if normalize_answer(a) not in ("yes", "no", "")]
+    step = next((s.step for s in trace.steps if answers and answer_in_index(answers, s.index)), None)
+    return IndexQuality(question_id=trace.question.id, dataset=trace.question.dataset or "?",
+                        source=str(trace.extra.get("teacher", "?")), entities=len(ents),
+                        entities_found=sum(entity_found(e, final) for e in ents), triples=len(triples),
+                        triples_found=found_t, answer_eligible=bool(answers), answer_step=step)
+
+
+def summarize_quality(traces: list[Trace]) -> list[dict[str, Any]]:
+    """One row per (dataset, source): means over the trajectories that have each annotation."""
+    groups: dict[tuple[str, str], list[IndexQuality]] = defaultdict(list)
+    for t in traces:
+        q = trajectory_quality(t)
+        groups[(q.dataset, q.source)].append(q)
+    rows = []
+    for (dataset, source), qs in sorted(groups.items()):
+        er = [q.entity_recall for q in qs if q.entity_recall is not None]
+        tr = [q.triple_recall for q in qs if q.triple_recall is not None]
+        eligible = [q for q in qs if q.answer_eligible]
+        steps = [q.answer_step for q in eligible if q.answer_step is not None]
+        complete = [t for t in traces if t.question.dataset == dataset and str(t.extra.get("teacher", "?")) == source
+                    and "complete" in t.extra]
+        rows.append({
+            "dataset": dataset, "source": source, "n": len(qs),
+            "complete": sum(bool(t.extra["complete"]) for t in complete) if complete else None,
+            "entity_recall": _mean(er), "triple_recall": _mean(tr), "triples_n": len(tr),
+            "answer_in_index": round(len(steps) / len(eligible), 4) if eligible else None,
+            "answer_eligible": len(eligible), "mean_answer_step": _mean(steps),
+        })
+    return rows
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs), 4) if xs else None
+
+
+def write_quality(rows: list[dict[str, Any]], traces: list[Trace], out: Path) -> None:
+    """quality.json (summary + per trajectory) and quality.md."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    per = [asdict(trajectory_quality(t)) for t in traces]
+    out.write_text(json.dumps({"summary": rows, "trajectories": per}, indent=2, ensure_ascii=False), encoding="utf-8")
+    out.with_suffix(".md").write_text(quality_markdown(rows), encoding="utf-8")
+
+
+COLUMNS = [("dataset", "dataset"), ("source", "source"), ("n", "n"), ("complete", "complete"),
+           ("entity_recall", "entity recall"), ("triple_recall", "triple recall"),
+           ("answer_in_index", "answer in index"), ("mean_answer_step", "answer step")]
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def quality_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["# Index quality", "", "| " + " | ".join(h for _, h in COLUMNS) + " |",
+             "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cell(r[k]) for k, _ in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def print_quality(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="index quality")
+    for _, h in COLUMNS:
+        t.add_column(h, justify="left" if h in ("dataset", "source") else "right")
+    for r in rows:
+        t.add_row(*(_cell(r[k]) for k, _ in COLUMNS))
+    Console().print(t)

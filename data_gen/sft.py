@@ -1,0 +1,293 @@
+"""`kair datagen to-sft`: kept trajectories -> chat examples, exactly as the runtime prompts a model.
+
+Each trajectory gives one example per step and one for the final answer:
+
+    step 1:  PromptSet.init(q0, D_1)                                 -> canonical step output
+    step t:  PromptSet.update(q0, D_t, I_{t-1}, R_{t-1}, q_{t-1})    -> canonical step output
+    answer:  PromptSet.answer(q0, D_1 ∪ ... ∪ D_k, I_k)              -> the short answer
+
+The assistant turn of a step is the teacher's output normalized to the one canonical layout
+(the parsed index, reasoning and query, rendered by kair_runtime.output_format), so the student
+learns a single layout that the parser reads back unchanged.
+
+Which reasoning goes into the next update prompt (`prompt_source`):
+- "canonical" (default): the reasoning the loop records when a model emits the canonical output,
+  i.e. exactly the prompts a student that learned these targets is sent at inference. Running
+  the loop with a model that returns the assistant turns reproduces the user turns byte for byte.
+- "recorded": the prompts as recorded in the trace (what the teacher was sent). The two are the
+  same whenever the teacher's reasoning was already canonical (silver data always is).
+
+Before converting, every recorded prompt is re-rendered from the trace with the PromptSet and
+must be byte-equal (`check_recorded`): that catches trajectories generated with other templates
+or settings (their prompt_version differs too), which would teach the wrong prompts.
+
+Output, in OUT:
+    train.jsonl, validation.jsonl   {"messages": [...], question_id, kind, step, source, ...}
+    dataset/                        a datasets.DatasetDict (train, validation) via save_to_disk
+    README.md                       the dataset card; stats.json the same figures
+The split is by question id (no question in both), deterministic given `seed`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from data_gen.store import read_trajectories, trajectory_files, trajectory_key
+from kair_runtime.config import ConfigError, RuntimeConfig
+from kair_runtime.index import empty_index
+from kair_runtime.output_format import render_step_output
+from kair_runtime.parser import parse_step_output
+from kair_runtime.prompts import PromptSet
+from kair_runtime.records import Message, SFTExample, Step, Trace
+
+PROMPT_SOURCES = ("canonical", "recorded")
+
+
+@dataclass
+class SFTConfig:
+    # Only runtime.loop's prompt settings matter here (prompt_dir, system_prompt,
+    # max_passage_words, answer_mode): they must be the ones the trajectories were made with.
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    trajectories: str | None = None  # a filter output folder (kept.jsonl) or any trajectory path
+    out_dir: str = "runs/datagen/sft"
+    validation_fraction: float = 0.05
+    seed: int = 0
+    prompt_source: str = "canonical"  # canonical | recorded
+    check_recorded: bool = True
+    include_answer: bool = True
+
+
+class SFTError(ValueError):
+    pass
+
+
+class NotReproducible(SFTError):
+    """A trajectory whose canonical form does not parse back the same: skipped and counted."""
+
+
+# ---------------------------------------------------------------- one step's target
+
+_JUDGMENT_LABEL = re.compile(r"judg(?:e)?ment[*_\s]*[:：]", re.IGNORECASE)
+
+
+def strip_judgment(reasoning: str) -> str:
+    """The reasoning without its closing "Judgment: ..." (the canonical layout adds it back)."""
+    marks = list(_JUDGMENT_LABEL.finditer(reasoning))
+    if marks:
+        reasoning = reasoning[: marks[-1].start()]
+    return reasoning.strip().rstrip("*_#").strip()
+
+
+def canonical_output(step: Step) -> str:
+    return render_step_output(step.index, strip_judgment(step.reasoning), step.judgment, step.next_query)
+
+
+# ---------------------------------------------------------------- prompts from a trace
+
+
+def prompt_set_for(trace: Trace, cfg: SFTConfig, cache: dict[str, PromptSet]) -> PromptSet:
+    fmt = trace.index_format
+    if fmt not in cache:
+        loop = cfg.runtime.loop
+        cache[fmt] = PromptSet.load(fmt, loop.prompt_dir, loop.system_prompt, loop.max_passage_words)
+    prompts = cache[fmt]
+    recorded = trace.extra.get("prompt_version")
+    if recorded and recorded != prompts.version:
+        raise SFTError(f"trajectory {trajectory_key(trace)} was made with prompt version {recorded}, but these "
+                       f"settings give {prompts.version}: use the runtime.loop prompt_dir / system_prompt / "
+                       f"max_passage_words it was generated with")
+    return prompts
+
+
+def rebuild_prompts(trace: Trace, prompts: PromptSet, answer_mode: str,
+                    source: str = "recorded") -> tuple[list[list[Message]], list[Message]]:
+    """Every step prompt and the answer prompt, rendered from the trace's contents as the loop
+    renders them. source "recorded" feeds each update prompt the reasoning the trace recorded;
+    "canonical" the reasoning the loop records for the canonical form of that step's output."""
+    if source not in PROMPT_SOURCES:
+        raise ConfigError(f"prompt_source must be one of {PROMPT_SOURCES}, not {source!r}")
+    q0 = trace.question.question
+    out: list[list[Message]] = []
+    for i, st in enumerate(trace.steps):
+        if i == 0:
+            out.append(prompts.init(q0, st.retrieved))
+            continue
+        prev = trace.steps[i - 1]
+        reasoning = prev.reasoning if source == "recorded" else canonical_reasoning(trace, i - 1)
+        out.append(prompts.update(q0, st.retrieved, prev.index, reasoning, st.query))
+    answer = prompts.answer(q0, trace.all_passages(), trace.final_index, answer_mode)
+    return out, answer
+
+
+def canonical_reasoning(trace: Trace, i: int) -> str:
+    """What the loop records as step i's reasoning when the model wrote its canonical output;
+    the parse must give back the same index, judgment and query, or the trace is not
+    reproducible through the loop."""
+    st = trace.steps[i]
+    before = trace.steps[i - 1].index if i > 0 else empty_index(trace.index_format)
+    parsed = parse_step_output(canonical_output(st), trace.index_format, before, trace.question.question)
+    if (parsed.index, parsed.judgment, parsed.next_query) != (st.index, st.judgment, st.next_query) or parsed.fallbacks:
+        raise NotReproducible(f"trajectory {trajectory_key(trace)} step {st.step}: its canonical output does not parse back "
+                       f"to the same index/judgment/query (fallbacks {parsed.fallbacks})")
+    return parsed.reasoning
+
+
+def check_recorded(trace: Trace, prompts: PromptSet, answer_mode: str) -> list[str]:
+    """Where the trace's recorded prompts differ from a re-render (empty: byte-equal)."""
+    steps, answer = rebuild_prompts(trace, prompts, answer_mode, "recorded")
+    bad = [f"step {st.step}" for st, p in zip(trace.steps, steps) if st.prompt != p]
+    if trace.final_prompt and trace.final_prompt != answer:
+        bad.append("answer")
+    return bad
+
+
+# ---------------------------------------------------------------- trace -> examples
+
+
+def trace_examples(trace: Trace, prompts: PromptSet, cfg: SFTConfig) -> list[SFTExample]:
+    loop = cfg.runtime.loop
+    if cfg.check_recorded:
+        bad = check_recorded(trace, prompts, loop.answer_mode)
+        if bad:
+            raise SFTError(f"trajectory {trajectory_key(trace)}: recorded prompts differ from the re-rendered ones at "
+                           f"{', '.join(bad)} (other templates, max_passage_words or answer_mode?)")
+    if cfg.prompt_source == "recorded":
+        step_prompts, answer_prompt = [st.prompt for st in trace.steps], trace.final_prompt
+    else:
+        step_prompts, answer_prompt = rebuild_prompts(trace, prompts, loop.answer_mode, "canonical")
+    source = str(trace.extra.get("teacher", ""))
+    meta = {"dataset": trace.question.dataset, "sample_id": int(trace.extra.get("sample_id", 0)),
+            "trajectory": trajectory_key(trace), "prompt_version": prompts.version, "index_format": trace.index_format}
+    examples = []
+    for st, prompt in zip(trace.steps, step_prompts):
+        examples.append(SFTExample(messages=list(prompt) + [{"role": "assistant", "content": canonical_output(st)}],
+                                   question_id=trace.question.id, kind="init" if st.step == 1 else "update",
+                                   step=st.step, source=source, extra=dict(meta)))
+    if cfg.include_answer:
+        examples.append(SFTExample(messages=list(answer_prompt) + [{"role": "assistant", "content": trace.answer}],
+                                   question_id=trace.question.id, kind="answer", step=len(trace.steps) + 1,
+                                   source=source, extra=dict(meta)))
+    return examples
+
+
+def example_row(ex: SFTExample) -> dict[str, Any]:
+    """The flat row trainers read: OpenAI-style `messages` plus scalar metadata columns."""
+    return {"messages": ex.messages, "question_id": ex.question_id, "kind": ex.kind, "step": ex.step,
+            "source": ex.source, **ex.extra}
+
+
+def split_questions(ids: list[str], fraction: float, seed: int) -> set[str]:
+    """The validation question ids: a seeded shuffle of the sorted ids, so the split does not
+    depend on file order. At least one question when fraction > 0 and there are two or more."""
+    if not 0 <= fraction < 1:
+        raise ConfigError(f"validation_fraction must be in [0, 1), got {fraction}")
+    unique = sorted(set(ids))
+    random.Random(seed).shuffle(unique)
+    n = round(fraction * len(unique))
+    if fraction > 0 and len(unique) >= 2:
+        n = max(1, n)
+    return set(unique[:n])
+
+
+def build_sft(cfg: SFTConfig, traces: list[Trace] | None = None) -> dict[str, Any]:
+    """Convert, split, write every output; return the stats (also in stats.json)."""
+    from datasets import Dataset, DatasetDict
+
+    if traces is None:
+        if not cfg.trajectories:
+            raise ConfigError("no trajectories: pass KEPT_DIR or set `trajectories`")
+        traces = read_trajectories(cfg.trajectories)
+    if not traces:
+        raise SFTError("no trajectories to convert")
+    cache: dict[str, PromptSet] = {}
+    rows, used, skipped = [], [], {}
+    for t in traces:
+        try:
+            rows += [example_row(ex) for ex in trace_examples(t, prompt_set_for(t, cfg, cache), cfg)]
+            used.append(t)
+        except NotReproducible as e:
+            skipped[trajectory_key(t)] = str(e)
+    if not rows:
+        raise SFTError(f"no trajectory could be converted ({len(skipped)} not reproducible through the loop)")
+    val_ids = split_questions([t.question.id for t in used], cfg.validation_fraction, cfg.seed)
+    splits = {"train": [r for r in rows if r["question_id"] not in val_ids],
+              "validation": [r for r in rows if r["question_id"] in val_ids]}
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, split_rows in splits.items():
+        with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in split_rows)
+    train = Dataset.from_list(splits["train"])
+    val = Dataset.from_list(splits["validation"], features=train.features)
+    DatasetDict({"train": train, "validation": val}).save_to_disk(str(out / "dataset"))
+    stats = sft_stats(used, splits, cfg, filter_report(cfg.trajectories), sorted({p.version for p in cache.values()}))
+    stats["skipped_not_reproducible"] = skipped
+    (out / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False), encoding="utf-8")
+    (out / "README.md").write_text(dataset_card(stats), encoding="utf-8")
+    return stats
+
+
+def filter_report(path: str | None) -> dict[str, Any] | None:
+    """The filter report next to the input, if the input is a filter output."""
+    if not path:
+        return None
+    folder = trajectory_files(path)[0].parent
+    report = folder / "report.json"
+    return json.loads(report.read_text(encoding="utf-8")) if report.exists() else None
+
+
+def sft_stats(traces: list[Trace], splits: dict[str, list[dict]], cfg: SFTConfig,
+              filt: dict[str, Any] | None, versions: list[str]) -> dict[str, Any]:
+    return {
+        "trajectories": len(traces),
+        "splits": {name: {"examples": len(r), "questions": len({x["question_id"] for x in r}),
+                          "by_kind": dict(Counter(x["kind"] for x in r))} for name, r in splits.items()},
+        "sources": dict(Counter(str(t.extra.get("teacher", "")) for t in traces)),
+        "datasets": dict(Counter(t.question.dataset for t in traces)),
+        "index_formats": sorted({t.index_format for t in traces}),
+        "prompt_versions": versions,
+        "settings": {k: v for k, v in asdict(cfg).items() if k != "runtime"}
+                    | {"loop": {k: asdict(cfg.runtime.loop)[k] for k in
+                                ("prompt_dir", "system_prompt", "max_passage_words", "answer_mode")}},
+        "filter": {k: filt[k] for k in ("settings", "kept", "total", "reasons")} if filt else None,
+    }
+
+
+def dataset_card(s: dict[str, Any]) -> str:
+    lines = ["# KAIR SFT data", "",
+             "Chat examples for supervised fine-tuning of the KAIR loop: one per step (the step prompt and the "
+             "canonical step output: index, reasoning with its judgment, next query) and one per final answer. "
+             "Prompts are byte-equal to what `kair_runtime` sends at inference.", "",
+             "Load with `datasets.load_from_disk('dataset')`, or read `train.jsonl` / `validation.jsonl` "
+             "(`{\"messages\": [...]}` rows, for TRL, LlamaFactory or axolotl).", "",
+             "## Counts", "", "| split | examples | questions | init | update | answer |", "|---|---|---|---|---|---|"]
+    for name, sp in s["splits"].items():
+        k = sp["by_kind"]
+        lines.append(f"| {name} | {sp['examples']} | {sp['questions']} | {k.get('init', 0)} | "
+                     f"{k.get('update', 0)} | {k.get('answer', 0)} |")
+    lines += ["", f"From {s['trajectories']} trajectories ({len(s.get('skipped_not_reproducible', {}))} skipped: their "
+              f"canonical output did not parse back the same). The split is by question id (no question in both), "
+              f"validation fraction {s['settings']['validation_fraction']}, seed {s['settings']['seed']}.", "",
+              "## Sources", "", "| teacher | trajectories |", "|---|---|"]
+    lines += [f"| {k or '(unnamed)'} | {v} |" for k, v in s["sources"].items()]
+    lines += ["", "| dataset | trajectories |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in s["datasets"].items()]
+    lines += ["", "## Prompts", "",
+              f"- index format(s): {', '.join(s['index_formats'])}",
+              f"- prompt version(s): {', '.join(s['prompt_versions'])} (`PromptSet.version`)",
+              f"- prompt source: {s['settings']['prompt_source']}; loop settings: {s['settings']['loop']}",
+              "", "## Filter", ""]
+    f = s["filter"]
+    if f:
+        lines += [f"Kept {f['kept']} of {f['total']} trajectories with {f['settings']}.", "",
+                  "| rejection reason | trajectories |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in f["reasons"].items()] or ["| (none) | 0 |"]
+    else:
+        lines.append("No filter report was found next to the input trajectories.")
+    return "\n".join(lines) + "\n"

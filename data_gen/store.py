@@ -1,0 +1,169 @@
+"""What every data_gen command shares: training-set specs, the closed corpus, and trajectory files.
+
+A trajectory folder looks like
+
+    OUT/config.yaml                                  the resolved config (a rerun must match it)
+    OUT/corpus.jsonl                                 the closed corpus, when none was given
+    OUT/trajectories/shard-00000-of-00004.jsonl      one Trace per line
+
+and every trajectory is keyed by `question id # sample id` (`trajectory_key`), so resuming,
+filtering and splitting never count one twice. Readers accept that folder, one jsonl file, or a
+folder of jsonl files (a filter output's `kept.jsonl`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from kair_runtime.config import ConfigError
+from kair_runtime.jsonl import JsonlError
+from kair_runtime.records import Question, Trace
+
+TRAJECTORY_DIR = "trajectories"
+
+
+@dataclass
+class DataSpec:
+    """One training set: an eval loader name and a split of the shared data (or a file)."""
+
+    name: str  # hotpotqa | musique | 2wikimultihopqa | ... (eval.datasets)
+    split: str = "train"
+    path: str | None = None  # a file in the benchmark's schema; None: the shared data's split
+    limit: int | None = None  # the first N questions
+
+    @property
+    def source(self) -> str:
+        """What eval.corpus.load_source takes: the split, or the file."""
+        return self.path or self.split
+
+
+def load_questions(specs: list[DataSpec]) -> list[Question]:
+    """Every spec's questions, in order; one id in two specs is an error (keys would collide)."""
+    from eval.datasets import load_dataset
+
+    if not specs:
+        raise ConfigError("no datasets: set `datasets` (e.g. [{name: hotpotqa, split: train}])")
+    out: list[Question] = []
+    where: dict[str, str] = {}
+    for spec in specs:
+        for q in load_dataset(spec.name, path=spec.path, split=spec.split, limit=spec.limit):
+            label = f"{spec.name}:{spec.source}"
+            if q.id in where:
+                raise ConfigError(f"question id {q.id!r} is in both {where[q.id]} and {label}")
+            where[q.id] = label
+            out.append(q)
+    return out
+
+
+def closed_corpus(specs: list[DataSpec], extra: list[str], out: Path) -> Path:
+    """The union of the specs' own paragraphs (every question of each split, not only the
+    `limit` ones, so shards and reruns retrieve from the same corpus), built once. It is written
+    to a temporary name and renamed, so machines sharing OUT never read a half-written file."""
+    from eval.corpus import build_corpus
+
+    if out.exists():
+        return out
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    build_corpus([(s.name, s.source) for s in specs], extra_files=extra, out=tmp)
+    os.replace(tmp, out)
+    return out
+
+
+def without_context(q: Question) -> Question:
+    """The question as stored in a trajectory: its 10-20 context paragraphs are in the corpus
+    already, so they are left out (the gold annotations stay)."""
+    meta = {k: v for k, v in q.metadata.items() if k != "context"}
+    return dataclasses.replace(q, metadata=meta)
+
+
+# ---------------------------------------------------------------- trajectory files
+
+
+def trajectory_key(trace: Trace) -> str:
+    return f"{trace.question.id}#{trace.extra.get('sample_id', 0)}"
+
+
+def shard_path(out_dir: Path, shard: int, num_shards: int) -> Path:
+    return out_dir / TRAJECTORY_DIR / f"shard-{shard:05d}-of-{num_shards:05d}.jsonl"
+
+
+def trajectory_files(path: str | Path) -> list[Path]:
+    """A jsonl file; a folder's `trajectories/*.jsonl`; else its `kept.jsonl`; else its *.jsonl."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such trajectory file or folder")
+    for candidates in (sorted((path / TRAJECTORY_DIR).glob("*.jsonl")), [path / "kept.jsonl"],
+                       sorted(path.glob("*.jsonl"))):
+        found = [p for p in candidates if p.is_file()]
+        if found:
+            return found
+    raise FileNotFoundError(f"{path}: no trajectories (looked for {TRAJECTORY_DIR}/*.jsonl, kept.jsonl, *.jsonl)")
+
+
+def read_trajectories(path: str | Path) -> list[Trace]:
+    """Every trajectory under `path`, in file order. A torn last line (a generate still running,
+    or killed) is skipped with a warning on stderr; any other bad line is an error naming it;
+    a key seen twice is an error."""
+    traces: list[Trace] = []
+    seen: dict[str, str] = {}
+    for file in trajectory_files(path):
+        for where, rec in _records(file):
+            try:
+                trace = Trace.from_dict(rec)
+            except (KeyError, TypeError, ValueError) as e:
+                raise JsonlError(f"{where}: not a trajectory record ({type(e).__name__}: {e})") from None
+            key = trajectory_key(trace)
+            if key in seen:
+                raise JsonlError(f"{where}: trajectory {key} also at {seen[key]}")
+            seen[key] = where
+            traces.append(trace)
+    return traces
+
+
+def _records(file: Path) -> Iterable[tuple[str, dict[str, Any]]]:
+    import json
+
+    data = file.read_bytes()
+    lines = data.split(b"\n")
+    for i, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        last = i == len(lines)  # no "\n" after it: the write never finished
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError as e:
+            if last:
+                print(f"warning: {file}:{i}: skipping a torn last line (a write cut short)", file=sys.stderr)
+                continue
+            raise JsonlError(f"{file}:{i}: not valid JSON ({e.msg})") from None
+        if last:
+            print(f"warning: {file}:{i}: skipping a last line with no newline (a write cut short)", file=sys.stderr)
+            continue
+        if not isinstance(rec, dict):
+            raise JsonlError(f"{file}:{i}: expected a JSON object, got {type(rec).__name__}")
+        yield f"{file}:{i}", rec
+
+
+def claim_dir(out_dir: Path, resolved: dict[str, Any], name: str = "config.yaml") -> None:
+    """An output folder belongs to one config: resuming with another would mix trajectories."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / name
+    if path.exists():
+        old = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        if old != resolved:
+            changed = sorted(k for k in set(old) | set(resolved) if old.get(k) != resolved.get(k))
+            raise ConfigError(f"{out_dir} holds a run with a different config (differs in: {', '.join(changed)}); "
+                              f"use another out_dir or delete the folder")
+        return
+    tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+    tmp.write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
+    os.replace(tmp, path)

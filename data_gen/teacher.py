@@ -1,0 +1,210 @@
+"""`kair datagen generate`: run a teacher LLM through the KAIR loop over training questions.
+
+    questions (eval loaders' train splits) x samples (a temperature grid) -> Trace records
+    -> OUT/trajectories/shard-0000i-of-0000n.jsonl
+
+Samples: for each temperature of `sampling.temperatures`, `samples_per_temperature` samples
+(a greedy temperature, 0, gets one: more would repeat it). Sample ids number that grid. Every
+sample id has its own seed, derived from (sampling.seed, sample id); the loop takes one
+SamplingParams per batched call, so the questions of one sample id run together as one batch
+("a wave") under that seed. vLLM and OpenAI-style servers seed each request on its own, so there
+a trajectory depends only on its question and sample id, not on what it was batched with; the
+hf backend seeds the whole batched generate (reproducible for the same batch).
+
+Sharding: `--shard i --num-shards n` takes every n-th question from position i of the full
+question list, so n machines cover it exactly once. Resuming: each trajectory is appended as
+one complete line the moment its question is answered (kair_runtime.jsonl); a rerun drops a
+torn last line, reads back the keys (question id # sample id) already there and runs only the
+rest: nothing lost, nothing twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from data_gen.store import (DataSpec, claim_dir, closed_corpus, load_questions, shard_path, trajectory_key,
+                            without_context)
+from kair_runtime.config import ConfigError, RuntimeConfig, to_dict
+from kair_runtime.jsonl import JsonlWriter, recover
+from kair_runtime.llm.base import LLM
+from kair_runtime.loop import KairLoop, QuestionState
+from kair_runtime.records import Question, Trace
+from kair_runtime.retrieval.base import Retriever
+
+
+@dataclass
+class SamplingGrid:
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7, 1.0])
+    samples_per_temperature: int = 2
+    seed: int = 0  # the base every sample's seed is derived from
+
+
+@dataclass
+class GenerateConfig:
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    datasets: list[DataSpec] = field(default_factory=lambda: [DataSpec("hotpotqa"), DataSpec("musique")])
+    corpus: str | None = None  # None: the training sets' own paragraphs, built into OUT/corpus.jsonl
+    extra_corpus: list[str] = field(default_factory=list)  # more paragraph files for that corpus
+    sampling: SamplingGrid = field(default_factory=SamplingGrid)
+    teacher: str | None = None  # the name recorded in every trajectory; None: runtime.llm.model
+    out_dir: str = "runs/datagen/teacher"
+    shard: int = 0
+    num_shards: int = 1
+
+
+@dataclass(frozen=True)
+class Sample:
+    sample_id: int
+    temperature: float
+    seed: int
+
+
+@dataclass
+class GenerateResult:
+    path: Path
+    total: int  # trajectories this shard owns
+    existing: int  # already in the file when this run started
+    written: int  # written by this run
+
+
+def sample_grid(grid: SamplingGrid) -> list[Sample]:
+    if grid.samples_per_temperature < 1:
+        raise ConfigError(f"sampling.samples_per_temperature must be >= 1, got {grid.samples_per_temperature}")
+    if not grid.temperatures:
+        raise ConfigError("sampling.temperatures is empty")
+    temps = list(dict.fromkeys(grid.temperatures))
+    samples: list[Sample] = []
+    for t in temps:
+        if t < 0:
+            raise ConfigError(f"sampling.temperatures: {t} is negative")
+        for _ in range(1 if t == 0 else grid.samples_per_temperature):
+            sid = len(samples)
+            samples.append(Sample(sid, float(t), derive_seed(grid.seed, sid)))
+    return samples
+
+
+def derive_seed(base: int, *parts: object) -> int:
+    """A stable 31-bit seed from the parts (Python's hash() changes between processes)."""
+    key = ":".join(str(p) for p in (base, *parts))
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def shard_questions(questions: list[Question], shard: int, num_shards: int) -> list[Question]:
+    if num_shards < 1 or not 0 <= shard < num_shards:
+        raise ConfigError(f"--shard must be in [0, {num_shards}) and --num-shards >= 1; got shard {shard} of {num_shards}")
+    return questions[shard::num_shards]
+
+
+def teacher_name(cfg: GenerateConfig) -> str:
+    return cfg.teacher or cfg.runtime.llm.model
+
+
+def resolved_for_claim(cfg: GenerateConfig) -> dict:
+    """The config a folder is tied to: all of it but which shard this machine runs."""
+    d = to_dict(cfg)
+    d.pop("shard")
+    return d
+
+
+def prepare_retriever_config(cfg: GenerateConfig, out_dir: Path):
+    """The retriever as configured if it names an index dir; else over `corpus`, or over the
+    closed corpus of the training sets built into OUT."""
+    rc = cfg.runtime.retriever
+    if rc.index_dir:
+        return rc
+    corpus = cfg.corpus or rc.corpus or str(closed_corpus(cfg.datasets, cfg.extra_corpus, out_dir / "corpus.jsonl"))
+    return dataclasses.replace(rc, corpus=str(corpus))
+
+
+def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever | None = None,
+             progress: bool = True) -> GenerateResult:
+    """Run this shard's (question, sample) pairs that are not in its file yet. `llm` and
+    `retriever` default to the ones the config names (tests pass small real ones)."""
+    from tqdm import tqdm
+
+    from kair_runtime.llm import build_llm
+    from kair_runtime.retrieval import build_retriever
+
+    out_dir = Path(cfg.out_dir)
+    samples = sample_grid(cfg.sampling)
+    questions = [without_context(q) for q in shard_questions(load_questions(cfg.datasets), cfg.shard, cfg.num_shards)]
+    claim_dir(out_dir, resolved_for_claim(cfg))
+    path = shard_path(out_dir, cfg.shard, cfg.num_shards)
+    done = existing_keys(path, questions, samples)
+    total = len(questions) * len(samples)
+    result = GenerateResult(path, total, len(done), 0)
+    if len(done) == total:
+        return result
+
+    retriever = retriever or build_retriever(prepare_retriever_config(cfg, out_dir))
+    llm = llm or build_llm(cfg.runtime.llm)
+    bar = tqdm(total=total, initial=len(done), desc=f"teacher shard {cfg.shard}/{cfg.num_shards}",
+               unit="traj", disable=not progress, dynamic_ncols=True)
+    with JsonlWriter(path) as out:
+        for sample in samples:
+            todo = [q for q in questions if f"{q.id}#{sample.sample_id}" not in done]
+            if not todo:
+                continue
+            loop_cfg = dataclasses.replace(cfg.runtime.loop, temperature=sample.temperature, seed=sample.seed)
+            loop = KairLoop(llm, retriever, loop_cfg)
+            extra = sample_extra(cfg, sample)
+            for trace in run_wave(loop, todo, extra):
+                out.write([trace.to_dict()])  # one complete, fsynced line per finished trajectory
+                result.written += 1
+                bar.update(1)
+    bar.close()
+    return result
+
+
+def existing_keys(path: Path, questions: list[Question], samples: list[Sample]) -> set[str]:
+    """Keys already written (a torn last line is cut off first); a key this run would not
+    produce means the file belongs to another config or shard."""
+    planned = {f"{q.id}#{s.sample_id}" for q in questions for s in samples}
+    keys: set[str] = set()
+    for i, rec in enumerate(recover(path), 1):
+        key = trajectory_key(Trace.from_dict(rec))
+        if key not in planned:
+            raise ConfigError(f"{path}:{i}: trajectory {key} is not one this shard produces "
+                              f"(another config or --num-shards?); use another out_dir")
+        if key in keys:
+            raise ConfigError(f"{path}:{i}: trajectory {key} appears twice")
+        keys.add(key)
+    return keys
+
+
+def sample_extra(cfg: GenerateConfig, sample: Sample) -> dict:
+    """What each trajectory records about how it was sampled (the loop adds prompt_version)."""
+    loop = cfg.runtime.loop
+    return {
+        "teacher": teacher_name(cfg),
+        "backend": cfg.runtime.llm.backend,
+        "sample_id": sample.sample_id,
+        "seed": sample.seed,
+        "sampling": {"temperature": sample.temperature, "top_p": loop.top_p,
+                     "step_max_tokens": loop.step_max_tokens, "answer_max_tokens": loop.answer_max_tokens,
+                     "max_steps": loop.max_steps, "top_k": loop.top_k},
+        "shard": cfg.shard,
+        "num_shards": cfg.num_shards,
+    }
+
+
+def run_wave(loop: KairLoop, questions: list[Question], extra: dict):
+    """Yield traces as their questions are answered, with `extra` recorded on each: the loop's
+    own rounds (start/advance, at most `round_size` questions in flight), so a kill loses only
+    the questions in flight."""
+    queue = [loop.start(q) for q in questions]
+    for s in queue:
+        s.trace.extra.update(extra)
+    active: list[QuestionState] = []
+    size = max(1, loop.cfg.round_size)
+    while queue or active:
+        while queue and len(active) < size:
+            active.append(queue.pop(0))
+        loop.advance(active)
+        for s in active:
+            if s.answered:
+                yield s.trace
+        active = [s for s in active if not s.answered]

@@ -1,0 +1,161 @@
+"""`silver`: gold-annotation trajectories with real retrieval, reproducible through the real loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from data_gen.filter import FilterConfig, run_filter
+from data_gen.quality import summarize_quality
+from data_gen.sft import SFTConfig, build_sft, check_recorded
+from data_gen.silver import GoldDocs, SilverConfig, musique_chain, silver, silver_counts
+from data_gen.store import DataSpec, closed_corpus, load_questions, read_trajectories
+from eval.metrics import normalize_answer
+from kair_runtime.config import LoopConfig, RetrieverConfig, RuntimeConfig
+from kair_runtime.index import norm_key
+from kair_runtime.llm.scripted import ScriptedLLM
+from kair_runtime.loop import KairLoop, extract_answer
+from kair_runtime.prompts import PromptSet
+
+N = 15
+SPECS = [DataSpec("hotpotqa", limit=N), DataSpec("musique", limit=N), DataSpec("2wikimultihopqa", split="dev", limit=N)]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, shared_data):
+    from kair_runtime.retrieval import build_retriever
+
+    root = tmp_path_factory.mktemp("silver")
+    corpus = closed_corpus(SPECS, [], root / "corpus.jsonl")
+    retriever = build_retriever(RetrieverConfig(kind="bm25", corpus=str(corpus)))
+    return root, corpus, retriever
+
+
+def run(setup, fmt="kr", max_steps=4, specs=SPECS, name=None):
+    root, corpus, retriever = setup
+    cfg = SilverConfig(runtime=RuntimeConfig(loop=LoopConfig(index_format=fmt, max_steps=max_steps, top_k=5)),
+                       datasets=[dataclasses.replace(s) for s in specs], corpus=str(corpus),
+                       out_dir=str(root / (name or f"{fmt}-{max_steps}")))
+    path, traces = silver(cfg, retriever=retriever)
+    return cfg, traces
+
+
+@pytest.fixture(scope="module")
+def kr(setup):
+    return run(setup)
+
+
+def test_silver_trajectories_per_benchmark(kr):
+    cfg, traces = kr
+    counts = silver_counts(traces)
+    assert set(counts) == {"hotpotqa", "musique", "2wikimultihopqa"}
+    assert all(c["total"] == N and c["complete"] >= N // 2 for c in counts.values()), counts
+    assert len(read_trajectories(cfg.out_dir)) == 3 * N
+    for t in traces:
+        assert t.extra["teacher"] == "annotations" and t.error is None
+        # The gold answer, read back as the loop reads an answer ("U.S." -> "U.S").
+        assert t.final_output == t.question.answers[0] and t.answer == extract_answer(t.question.answers[0])
+        assert all(s.parsed_ok and s.retrieved and not s.fallbacks for s in t.steps)
+        if t.extra["complete"]:
+            assert t.stop_reason == "sufficient" and t.steps[-1].judgment == "sufficient"
+            assert all(s.judgment == "insufficient" and s.next_query for s in t.steps[:-1])
+        else:
+            assert t.stop_reason == "max_steps" and len(t.steps) == 4
+            assert all(s.judgment == "insufficient" for s in t.steps)
+
+
+def test_the_loop_replaying_silver_outputs_reproduces_every_step(kr, setup):
+    cfg, traces = kr
+    _, _, retriever = setup
+    prompts = PromptSet.load("kr")
+    outputs = {}
+    for t in traces:
+        assert check_recorded(t, prompts, "answer") == []
+        outputs[t.question.question] = [s.raw_output for s in t.steps] + [t.final_output]
+    calls = {q: 0 for q in outputs}
+
+    def respond(messages):
+        q = re.search(r"^Question: (.*)$", messages[-1]["content"], re.MULTILINE).group(1)
+        calls[q] += 1
+        return outputs[q][calls[q] - 1]
+
+    loop = KairLoop(ScriptedLLM(respond), retriever, cfg.runtime.loop)
+    replayed = loop.run([t.question for t in traces])
+    for t, r in zip(traces, replayed):
+        assert [(s.query, [p.id for p in s.retrieved], s.prompt, s.index, s.reasoning, s.judgment, s.next_query)
+                for s in r.steps] == \
+               [(s.query, [p.id for p in s.retrieved], s.prompt, s.index, s.reasoning, s.judgment, s.next_query)
+                for s in t.steps]
+        assert (r.final_prompt, r.answer, r.stop_reason) == (t.final_prompt, t.answer, t.stop_reason)
+
+
+def test_index_holds_only_what_retrieved_documents_support(kr):
+    _, traces = kr
+    for t in (t for t in traces if t.question.dataset == "2wikimultihopqa"):
+        gold = {tuple(norm_key(x) for x in ev) for ev in t.question.metadata["evidences"]}
+        seen_titles, seen_text = set(), ""
+        for s in t.steps:
+            seen_titles |= {norm_key(p.title) for p in s.retrieved}
+            seen_text += " " + normalize_answer(" ".join(p.title + " " + p.text for p in s.retrieved))
+            for h, r, o in s.index.relations:
+                assert (norm_key(h), norm_key(r), norm_key(o)) in gold
+                assert norm_key(h) in {k.split(" (")[0] for k in seen_titles} | seen_titles \
+                    or normalize_answer(o) in seen_text
+        if t.extra["complete"]:
+            assert len(t.steps[-1].index.relations) == len(gold)
+
+
+def test_musique_queries_follow_the_decomposition_with_references_filled(kr, setup):
+    _, traces = kr
+    _, corpus, _ = setup
+    for t in (t for t in traces if t.question.dataset == "musique"):
+        assert t.steps[0].query == t.question.question
+        assert not any(re.search(r"#\d", s.query) for s in t.steps)
+    questions = {q.id: q for q in load_questions([DataSpec("musique", limit=2)])}
+    gold = GoldDocs(corpus)
+    first, second = (musique_chain(q, gold) for q in questions.values())
+    assert [h.queries[0] for h in first] == ["What company published Journal of Psychotherapy Integration?",
+                                             "Who was the first president of American Psychological Association?"]
+    assert first[1].triples == [["American Psychological Association", "first president", "G. Stanley Hall"]]
+    assert all(len(h.doc_ids) == 1 for h in first)
+    # The KB form "Hello Love >> performer", then "#1" replaced by its answer.
+    assert second[0].queries[0] == "performer of Hello Love" and second[0].triples == [["Hello Love", "performer", "Hank Snow"]]
+    assert "Hank Snow" in second[1].queries[0] and "Tennessee" in second[2].queries[0]
+
+
+@pytest.mark.parametrize("fmt", ["facts", "keywords", "kf", "text", "none"])
+def test_every_index_format(setup, fmt):
+    cfg, traces = run(setup, fmt=fmt, specs=[DataSpec("hotpotqa", limit=5), DataSpec("2wikimultihopqa", "dev", limit=5)])
+    prompts = PromptSet.load(fmt)
+    for t in traces:
+        assert t.index_format == fmt and check_recorded(t, prompts, "answer") == []
+        assert all(not s.fallbacks for s in t.steps)
+        assert fmt == "none" or not t.final_index.is_empty()
+    if fmt in ("facts", "text"):  # built from the supporting sentences
+        t = next(t for t in traces if t.extra["complete"])
+        text = t.final_index.summary if fmt == "text" else " ".join(t.final_index.facts)
+        assert any(normalize_answer(s["text"]) in normalize_answer(text)
+                   for s in t.question.metadata["supporting_sentences"])
+
+
+def test_incomplete_chains_are_kept_marked_and_filtered_out(setup, tmp_path):
+    cfg, traces = run(setup, max_steps=1, specs=[DataSpec("musique", limit=N)], name="one-step")
+    incomplete = [t for t in traces if not t.extra["complete"]]
+    assert len(traces) == N and len(incomplete) >= N // 2  # multi-hop evidence needs more than one search
+    assert all(t.answer and len(t.steps) == 1 for t in incomplete)
+    report = run_filter(FilterConfig(trajectories=cfg.out_dir, out_dir=str(tmp_path / "f")))
+    assert report["reasons"]["incomplete_evidence"] == len(incomplete) and report["kept"] == N - len(incomplete)
+
+
+def test_silver_quality_and_sft(kr, tmp_path):
+    cfg, traces = kr
+    rows = {r["dataset"]: r for r in summarize_quality(traces)}
+    assert rows["2wikimultihopqa"]["triple_recall"] >= 0.9 and rows["2wikimultihopqa"]["entity_recall"] >= 0.9
+    assert rows["hotpotqa"]["triple_recall"] is None  # no gold triples
+    assert all(r["entity_recall"] >= 0.8 and r["mean_answer_step"] >= 1 for r in rows.values())
+    run_filter(FilterConfig(trajectories=cfg.out_dir, out_dir=str(tmp_path / "kept")))
+    stats = build_sft(SFTConfig(runtime=cfg.runtime, trajectories=str(tmp_path / "kept"), out_dir=str(tmp_path / "sft")))
+    assert stats["sources"] == {"annotations": sum(1 for t in traces if t.extra["complete"])}
+    assert not stats["skipped_not_reproducible"]

@@ -1,0 +1,49 @@
+"""`kair index build` through typer's CliRunner on the index sub-app."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kair_runtime.retrieval.cli import index_app
+from kair_runtime.retrieval.indexing import open_index
+
+runner = CliRunner()
+
+
+def test_build_bm25_index_dir(corpus_file, tmp_path, obvious):
+    out = tmp_path / "bm25"
+    result = runner.invoke(index_app, ["build", "--corpus", str(corpus_file), "--out", str(out), "--retriever", "bm25"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "manifest.json").read_text())["kind"] == "bm25" and '"count": 20' in result.output
+    assert open_index(out).search([obvious[0][0]], 1)[0][0].id == obvious[0][1]
+
+
+@pytest.mark.slow
+def test_build_dense_index_dir(corpus_file, tmp_path, obvious):
+    out = tmp_path / "dense"
+    result = runner.invoke(index_app, ["build", "--corpus", str(corpus_file), "--out", str(out), "--retriever", "dense",
+                                       "--encoder", "minilm", "--index-factory", "Flat", "--shard-size", "8",
+                                       "--no-keep-shards"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["kind"], manifest["encoder"], manifest["dim"], manifest["count"]) == ("dense", "minilm", 384, 20)
+    assert (out / "index.faiss").exists() and not (out / "shards").exists()
+    assert open_index(out).search([obvious[1][0]], 1)[0][0].id == obvious[1][1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--retriever", "splade"], "unknown index kind 'splade'"),
+    (["--retriever", "bm25", "--encoder", "minilm"], "option(s) encoder do not apply to a bm25 index"),
+])
+def test_bad_options_exit_1_with_one_line(corpus_file, tmp_path, args, message):
+    result = runner.invoke(index_app, ["build", "--corpus", str(corpus_file), "--out", str(tmp_path / "x"), *args])
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+
+
+def test_missing_corpus_exits_1(tmp_path):
+    result = runner.invoke(index_app, ["build", "--corpus", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "x"),
+                                       "--retriever", "bm25"])
+    assert result.exit_code == 1 and "corpus not found" in result.output

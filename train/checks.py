@@ -1,0 +1,120 @@
+"""Checks that make silent training failures loud.
+
+- `check_adapter`: a saved LoRA adapter has tensors, none empty, and lora_B has moved from its
+  zero init. Under DeepSpeed ZeRO-3 a save without gathering writes zero-size placeholders (the
+  shards live on other ranks), and the adapter loads fine and does nothing; this catches it.
+- `check_assistant_labels`: after TRL tokenizes the data, trained labels end on the end-of-turn
+  token, so the model learns to stop.
+- `check_zero3_gather`: a ZeRO-3 run must gather 16-bit weights on save.
+- `AdapterCheckCallback`: runs `check_adapter` on every checkpoint as it is written.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+log = logging.getLogger(__name__)
+
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+class AdapterCheckError(RuntimeError):
+    pass
+
+
+@dataclass
+class AdapterReport:
+    path: str
+    tensors: int
+    parameters: int
+    lora_b_max_abs: float  # 0.0 means untrained (lora_B starts at zero)
+
+
+def check_adapter(path: str | Path) -> AdapterReport:
+    """Raise AdapterCheckError unless the adapter in `path` holds trained, non-empty LoRA weights."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    file = path / ADAPTER_FILE
+    if not file.is_file():
+        raise AdapterCheckError(f"{path}: no {ADAPTER_FILE}; the adapter was not saved in PEFT safetensors format")
+    tensors = load_file(str(file))
+    if not tensors:
+        raise AdapterCheckError(f"{file}: the adapter has no tensors")
+    empty = sorted(k for k, t in tensors.items() if t.numel() == 0)
+    if empty:
+        raise AdapterCheckError(
+            f"{file}: {len(empty)} of {len(tensors)} tensors are empty (e.g. {empty[0]}). Under DeepSpeed "
+            "ZeRO-3 this means the weights were saved without gathering: set zero3_save_16bit_model: true "
+            "(stage3_gather_16bit_weights_on_model_save) in the accelerate config")
+    bad = sorted(k for k, t in tensors.items() if not t.float().isfinite().all())
+    if bad:
+        raise AdapterCheckError(f"{file}: non-finite values in {len(bad)} tensors (e.g. {bad[0]}): training diverged")
+    lora_b = {k: t for k, t in tensors.items() if "lora_B" in k}
+    if not lora_b:
+        raise AdapterCheckError(f"{file}: no lora_B tensors; not a LoRA adapter ({sorted(tensors)[:3]} ...)")
+    b_max = max(float(t.float().abs().max()) for t in lora_b.values())
+    if b_max == 0.0:
+        raise AdapterCheckError(
+            f"{file}: every lora_B tensor is all zero, so the adapter is exactly the base model: it is "
+            "untrained (no optimizer step with a non-zero learning rate before this save) or its weights "
+            "were lost in saving (ZeRO-3 without gathering)")
+    return AdapterReport(path=str(path), tensors=len(tensors),
+                         parameters=sum(t.numel() for t in tensors.values()), lora_b_max_abs=b_max)
+
+
+class AdapterCheckCallback(TrainerCallback):
+    """Checks each checkpoint's adapter right after the Trainer writes it (main process only)."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            report = check_adapter(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+            log.info("adapter check passed: %s", report)
+        return control
+
+
+def check_assistant_labels(dataset, eot_id: int, sample: int = 256) -> tuple[int, int]:
+    """Check TRL's prepared `labels` on up to `sample` rows: every trained span must end on the
+    end-of-turn token. A packed row holds several sequences (its `seq_lengths`); each is checked.
+
+    Returns (sequences checked, sequences whose trained tokens do not end on the end-of-turn
+    token; those were cut by max_length). Raises when none ends on it: then the template, not
+    truncation, is at fault.
+    """
+    checked = cut = 0
+    for row in dataset.select(range(min(sample, len(dataset)))):
+        labels = row["labels"]
+        bounds, start = [], 0
+        for n in row.get("seq_lengths") or [len(labels)]:
+            bounds.append((start, start + n))
+            start += n
+        for lo, hi in bounds:
+            trained = [t for t in labels[lo:hi] if t != -100]
+            if not trained:
+                continue
+            checked += 1
+            cut += trained[-1] != eot_id
+    if checked and cut == checked:
+        raise AdapterCheckError(
+            f"none of {checked} training sequences has its end-of-turn token (id {eot_id}) as the last "
+            "trained label: the end-of-turn token is masked out, so the model would never learn to stop")
+    if cut:
+        log.warning("%d of %d checked training sequences were truncated by max_length before their "
+                    "end-of-turn token", cut, checked)
+    return checked, cut
+
+
+def check_zero3_gather(plugin) -> None:
+    """ZeRO-3 keeps each weight sharded across ranks; unless 16-bit weights are gathered on save,
+    the saved adapter holds empty placeholders. Fail before training, not after. `plugin` is
+    accelerate's DeepSpeedPlugin (`training_args.deepspeed_plugin`), or None without DeepSpeed."""
+    if plugin is None or plugin.zero_stage != 3:
+        return
+    zero = (plugin.deepspeed_config or {}).get("zero_optimization", {})
+    if not zero.get("stage3_gather_16bit_weights_on_model_save"):
+        raise AdapterCheckError("DeepSpeed ZeRO-3 without stage3_gather_16bit_weights_on_model_save would save "
+                                "an empty adapter; set zero3_save_16bit_model: true in the accelerate config")

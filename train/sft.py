@@ -1,0 +1,274 @@
+"""
+LoRA / QLoRA SFT of a KAIR student with TRL's SFTTrainer.
+
+# LoRA, bf16, DeepSpeed ZeRO-2 (one 80 GB GPU per process; any number of processes)
+```bash
+accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml train/sft.py --config configs/train/qwen2.5-7b-lora.yaml
+accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml train/sft.py --config configs/train/llama3.1-8b-lora.yaml
+```
+
+# QLoRA, 4-bit base (one 24 GB GPU)
+```bash
+accelerate launch --config_file configs/accelerate/single_gpu.yaml train/sft.py --config configs/train/qwen2.5-7b-qlora.yaml
+accelerate launch --config_file configs/accelerate/single_gpu.yaml train/sft.py --config configs/train/llama3.1-8b-qlora.yaml
+```
+
+# Single process (CPU or one GPU), and the same through the `kair` command
+```bash
+python -m train.tiny_run runs/tiny && python -m train.sft --config configs/train/tiny-cpu.yaml
+kair train --config configs/train/qwen2.5-7b-qlora.yaml
+kair train --config configs/train/qwen2.5-7b-lora.yaml --accelerate-config configs/accelerate/deepspeed_zero2.yaml
+```
+
+Any key of the YAML can be overridden by a flag of the same name (`--learning_rate 1e-4`); an
+unknown key in the YAML is an error. The arguments are three dataclasses: `KairSFTArguments`
+(data and template, below), TRL's `SFTConfig` (training) and TRL's `ModelConfig` (model, LoRA,
+4-bit).
+
+The data is what data_gen writes: an HF DatasetDict saved with `save_to_disk` (train and
+validation splits) or a jsonl file, one `{"messages": [...]}` chat per row ending with the
+assistant turn to learn. The loss covers assistant turns only, their end-of-turn token included
+(see train/templates.py). Every checkpoint directory holds the adapter in PEFT format plus the
+tokenizer, so it is directly usable as `--adapter` by the runtime, and each is checked to hold
+trained, non-empty weights as it is written (train/checks.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("train.sft")
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass
+class KairSFTArguments:
+    """What TRL's own script arguments do not cover: KAIR's data files and the training template."""
+
+    dataset_path: str = field(metadata={"help": "A DatasetDict directory (save_to_disk) with train/validation "
+                                                "splits, or a messages .jsonl file."})
+    eval_dataset_path: str | None = field(default=None, metadata={
+        "help": "A messages .jsonl for validation, when dataset_path is a jsonl file."})
+    dataset_train_split: str = field(default="train", metadata={"help": "Split of the DatasetDict to train on."})
+    dataset_test_split: str = field(default="validation", metadata={"help": "Split for validation loss."})
+    training_chat_template: str = field(default="auto", metadata={
+        "help": "auto (the model's template if it has generation markers, else the registered template "
+                "that renders like it), model, qwen2.5, llama3.1, or a .jinja path."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training rows."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N validation rows."})
+    check_adapter: bool = field(default=True, metadata={
+        "help": "Check that every saved adapter is non-empty and trained; fail otherwise."})
+
+
+class SFTDataError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------- arguments
+
+def make_parser():
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    return TrlParser((KairSFTArguments, SFTConfig, ModelConfig))
+
+
+def parse_args(argv: list[str] | None = None):
+    """(script_args, training_args, model_args) from `--config FILE` plus flags; unknown keys raise."""
+    return make_parser().parse_args_and_config(args=argv, fail_with_unknown_args=True)
+
+
+def validate_config(path: str | Path):
+    """Parse a configs/train/*.yaml into its three dataclasses, raising on any unknown key or bad
+    value. On a machine without a GPU it validates with use_cpu set, because TrainingArguments
+    refuses bf16 without a device for it."""
+    import torch
+
+    argv = ["--config", str(path)]
+    if not torch.cuda.is_available():
+        argv += ["--use_cpu", "true"]
+    try:
+        script_args, training_args, model_args = parse_args(argv)
+    except SystemExit as e:  # argparse reports bad values by exiting
+        raise ValueError(f"{path}: invalid arguments (see the message above)") from e
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
+    if model_args.model_name_or_path is None:
+        raise ValueError(f"{path}: model_name_or_path is required")
+    if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
+        raise ValueError(f"{path}: a quantized base can only be trained through an adapter; set use_peft: true")
+    return script_args, training_args, model_args
+
+
+# ---------------------------------------------------------------- data
+
+def check_messages(messages: Any, where: str) -> None:
+    """One SFT chat: a list of {role, content} with known roles, ending with the assistant turn."""
+    if not isinstance(messages, list) or not messages:
+        raise SFTDataError(f"{where}: 'messages' must be a non-empty list")
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise SFTDataError(f"{where}: message {k} must be {{'role': one of {ROLES}, 'content': str}}, got {m!r:.120}")
+    if messages[-1]["role"] != "assistant":
+        raise SFTDataError(f"{where}: the last message must be the assistant turn to learn, not {messages[-1]['role']!r}")
+
+
+def read_messages_jsonl(path: str | Path):
+    """A jsonl of {"messages": [...], ...} rows -> a Dataset with only the messages column."""
+    from datasets import Dataset
+
+    path = Path(path)
+    if not path.is_file():
+        raise SFTDataError(f"SFT data file not found: {path}")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SFTDataError(f"{path}:{n}: not valid JSON: {e}") from None
+            if not isinstance(row, dict) or "messages" not in row:
+                raise SFTDataError(f"{path}:{n}: each row needs a 'messages' list")
+            check_messages(row["messages"], f"{path}:{n}")
+            rows.append({"messages": [{"role": m["role"], "content": m["content"]} for m in row["messages"]]})
+    if not rows:
+        raise SFTDataError(f"{path}: no SFT rows")
+    return Dataset.from_list(rows)
+
+
+def _from_disk(path: Path, split: str, required: bool):
+    from datasets import DatasetDict, load_from_disk
+
+    data = load_from_disk(str(path))
+    if not isinstance(data, DatasetDict):
+        raise SFTDataError(f"{path}: expected a DatasetDict with splits, found a single Dataset")
+    if split not in data:
+        if not required:
+            return None
+        raise SFTDataError(f"{path}: no split {split!r}; it has {sorted(data)}")
+    ds = data[split]
+    if "messages" not in ds.column_names:
+        raise SFTDataError(f"{path}[{split}]: no 'messages' column; columns are {ds.column_names}")
+    for i, messages in enumerate(ds["messages"]):
+        check_messages(messages, f"{path}[{split}] row {i}")
+    return ds.select_columns(["messages"])
+
+
+def load_sft_splits(args: KairSFTArguments, need_eval: bool):
+    """(train, eval or None). Every row is checked; extra columns (question_id, kind, ...) are
+    dropped so TRL sees plain conversations."""
+    path = Path(args.dataset_path)
+    if path.is_dir():
+        train = _from_disk(path, args.dataset_train_split, required=True)
+        evaluation = _from_disk(path, args.dataset_test_split, required=need_eval)
+    else:
+        train = read_messages_jsonl(path)
+        evaluation = read_messages_jsonl(args.eval_dataset_path) if args.eval_dataset_path else None
+    if need_eval and evaluation is None:
+        raise SFTDataError(f"eval_strategy is set but {path} has no validation data: add a "
+                           f"{args.dataset_test_split!r} split or set eval_dataset_path")
+    if args.max_train_samples is not None:
+        train = train.select(range(min(args.max_train_samples, len(train))))
+    if evaluation is not None and args.max_eval_samples is not None:
+        evaluation = evaluation.select(range(min(args.max_eval_samples, len(evaluation))))
+    return train, evaluation
+
+
+# ---------------------------------------------------------------- model pieces
+
+def require_bitsandbytes() -> None:
+    """4-bit loading needs bitsandbytes (the `gpu` extra): imported here and only for QLoRA."""
+    try:
+        importlib.import_module("bitsandbytes")
+    except ImportError as e:
+        raise ImportError("load_in_4bit needs bitsandbytes and a CUDA GPU: pip install -e '.[gpu]'") from e
+
+
+def prepare_tokenizer(script_args: KairSFTArguments, training_args, model_args, train_dataset):
+    """Load the tokenizer, switch to a training template with generation markers when needed,
+    and make sure pad is not the end-of-turn token. Returns (tokenizer, the model's own template,
+    the end-of-turn token id)."""
+    from transformers import AutoTokenizer
+
+    from train.templates import end_of_turn_id, ensure_distinct_pad, resolve_training_template
+
+    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, revision=model_args.model_revision,
+                                              trust_remote_code=training_args.trust_remote_code)
+    own_template = tokenizer.chat_template
+    if training_args.assistant_only_loss:
+        sample = [row["messages"] for row in train_dataset.select(range(min(64, len(train_dataset))))]
+        template = resolve_training_template(tokenizer, script_args.training_chat_template, sample)
+        if template is not None:
+            tokenizer.chat_template = template
+        eot = end_of_turn_id(tokenizer)
+        if tokenizer.eos_token_id != eot:
+            # Generation must stop on the token the model is trained to end its turn with; TRL
+            # sets it as eos on the tokenizer and adds it to the model's generation_config.
+            training_args.eos_token = tokenizer.convert_ids_to_tokens(eot)
+    else:
+        eot = tokenizer.eos_token_id
+    ensure_distinct_pad(tokenizer, avoid={eot, tokenizer.eos_token_id})
+    return tokenizer, own_template, eot
+
+
+def build_trainer(script_args: KairSFTArguments, training_args, model_args):
+    """The SFTTrainer with data loaded, checked and tokenized (labels built), ready to train."""
+    from trl import SFTTrainer, get_peft_config, get_quantization_config
+
+    from train.checks import AdapterCheckCallback, check_assistant_labels, check_zero3_gather
+
+    check_zero3_gather(getattr(training_args, "deepspeed_plugin", None))
+    if model_args.load_in_4bit or model_args.load_in_8bit:
+        require_bitsandbytes()
+    train_dataset, eval_dataset = load_sft_splits(script_args, need_eval=training_args.eval_strategy != "no")
+    tokenizer, own_template, eot = prepare_tokenizer(script_args, training_args, model_args, train_dataset)
+
+    model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
+                             attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
+    model_init_kwargs.update(training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = model_init_kwargs
+    peft_config = get_peft_config(model_args)
+    callbacks = [AdapterCheckCallback()] if peft_config is not None and script_args.check_adapter else []
+
+    trainer = SFTTrainer(model=model_args.model_name_or_path, args=training_args, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=tokenizer, peft_config=peft_config,
+                         quantization_config=get_quantization_config(model_args), callbacks=callbacks)
+    if training_args.assistant_only_loss:
+        check_assistant_labels(trainer.train_dataset, eot)
+    # The data is tokenized now; checkpoints carry the model's own template, so the runtime, vLLM
+    # and llama.cpp see the exact tokenizer they would without training (same rendered text).
+    if own_template:
+        tokenizer.chat_template = own_template
+    return trainer
+
+
+def main(script_args: KairSFTArguments, training_args, model_args):
+    """Train, save and check; returns the trainer (its state.log_history holds the losses)."""
+    from train.checks import check_adapter
+
+    trainer = build_trainer(script_args, training_args, model_args)
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    if model_args.use_peft and script_args.check_adapter and trainer.is_world_process_zero():
+        log.info("final adapter: %s", check_adapter(training_args.output_dir))
+    trainer.accelerator.print(f"saved to {training_args.output_dir}")
+    return trainer
+
+
+def run(argv: list[str] | None = None):
+    script_args, training_args, model_args = parse_args(argv)
+    trainer = main(script_args, training_args, model_args)
+    if hasattr(trainer, "end"):  # transformers >= 5.18: finish trackers, destroy the process group
+        trainer.end()
+    return trainer
+
+
+if __name__ == "__main__":
+    run()
