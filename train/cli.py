@@ -69,5 +69,4 @@ def merge_command(
     """Merge a LoRA adapter into its base and check merged vs unmerged logits agree."""
     from train.merge import merge_adapter
 
-    report = merge_adapter(base, adapter, out, dtype=dtype, device=device, tolerance=tolerance)
-    typer.echo(report.summary())
+    merge_adapter(base, adapter, out, dtype=dtype, device=device, tolerance=tolerance)  # prints its report

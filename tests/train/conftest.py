@@ -9,6 +9,18 @@ import pytest
 from sft_helpers import model_with_real_template, tiny_args
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """The tiny models gain nothing from threads, and on a small shared machine oversubscribed
+    torch threads make each tiny matmul ~50x slower; restored after each module."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def qwen_real_dir(tmp_path_factory) -> Path:
     return model_with_real_template(tmp_path_factory.mktemp("real_qwen2"), "qwen2")
@@ -27,7 +39,7 @@ def sft_data_dir(tmp_path_factory) -> Path:
     return write_demo_sft(tmp_path_factory.mktemp("sft"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, qwen_real_dir, sft_data_dir):
     """One LoRA SFT run of the tiny Qwen2 with the real Qwen2.5 template: 20 steps, a checkpoint
     and a validation loss every 10 steps. Returns (trainer, output dir)."""
