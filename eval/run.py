@@ -86,7 +86,9 @@ class EvalConfig:
 
 def model_variants(cfg: EvalConfig) -> list[tuple[str, str | None]]:
     """(tag, adapter) pairs: the configured model/adapter, or every checkpoint of a training run."""
-    base = Path(cfg.runtime.llm.model).name or cfg.runtime.llm.model
+    llm = cfg.runtime.llm
+    # The scripted backend ignores `model`; don't label its runs with a model that never ran.
+    base = "scripted" if llm.backend == "scripted" else (Path(llm.model).name or llm.model)
     if not cfg.checkpoints:
         adapter = cfg.runtime.llm.adapter
         return [(f"{base}+{Path(adapter).name}" if adapter else base, adapter)]
