@@ -205,6 +205,15 @@ class _Baseline:
                     prompt_tokens=c.prompt_tokens if c else 0, completion_tokens=c.completion_tokens if c else 0,
                     wall_time_s=wall)
 
+    def done(self, traces: list[Trace], t0: float, progress: ProgressFn | None) -> list[Trace]:
+        """Share the batch's wall time among its questions (as the loop does) and report progress."""
+        wall = (time.perf_counter() - t0) / max(1, len(traces))
+        for t in traces:
+            t.wall_time_s = wall
+        if progress:
+            progress(len(traces))
+        return traces
+
     def finish(self, t: Trace, prompt, c: Completion, answer: str) -> None:
         t.final_prompt, t.final_output, t.answer = prompt, c.text, answer
         t.final_prompt_tokens, t.final_completion_tokens = c.prompt_tokens, c.completion_tokens
@@ -273,12 +282,7 @@ class IterRetGen(_Baseline):
                 else:
                     still.append(i)
             live = still
-        wall = (time.perf_counter() - t0) / max(1, len(questions))
-        for t in traces:
-            t.wall_time_s = wall
-        if progress:
-            progress(len(traces))
-        return traces
+        return self.done(traces, t0, progress)
 
 
 @register_method("ircot")
@@ -332,9 +336,4 @@ class IRCoT(_Baseline):
             if not _failed(traces[i], c):
                 traces[i].stop_reason = "max_steps"
                 self.finish(traces[i], prompt, c, extract_answer(c.text))
-        wall = (time.perf_counter() - t0) / max(1, len(questions))
-        for t in traces:
-            t.wall_time_s = wall
-        if progress:
-            progress(len(traces))
-        return traces
+        return self.done(traces, t0, progress)
