@@ -52,6 +52,7 @@ def make_faiss_index(chunks: Sequence[np.ndarray], index_factory: str = "Flat",
         raise ValueError(f"index_factory {index_factory!r} is not a valid faiss index_factory string "
                          f"for dim {dim} (e.g. 'Flat', 'IVF4096,PQ64', 'HNSW32'): {_faiss_message(e)}") from None
     if not index.is_trained:
+        _skip_polysemous_training(index)
         sample = _training_sample(chunks, train_size or _default_train_size(index), seed)
         try:
             index.train(sample)
@@ -61,6 +62,16 @@ def make_faiss_index(chunks: Sequence[np.ndarray], index_factory: str = "Flat",
     for chunk in chunks:
         index.add(np.ascontiguousarray(chunk, dtype=np.float32))  # one shard in RAM at a time
     return index
+
+
+def _skip_polysemous_training(index: Any) -> None:
+    """PQ indexes from index_factory also learn a code permutation for Hamming filtering, which
+    search never uses here and which costs several times the PQ training itself."""
+    import faiss
+
+    for part in (index, faiss.try_extract_index_ivf(index)):
+        if part is not None and hasattr(part, "do_polysemous_training"):
+            part.do_polysemous_training = False
 
 
 def _default_train_size(index: Any) -> int:
