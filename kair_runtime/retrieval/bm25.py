@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from kair_runtime.config import RetrieverConfig
 from kair_runtime.records import Passage, ScoredPassage
 from kair_runtime.retrieval.base import CorpusError, iter_corpus, load_corpus
-from kair_runtime.retrieval.store import (Manifest, IndexDirError, PassageStore, now_iso, passage_text,
+from kair_runtime.retrieval.store import (MANIFEST, PASSAGES, IndexDirError, Manifest, PassageStore, now_iso, passage_text,
                                           unique_passages, write_passages)
 
 BM25_DIR = "bm25"
@@ -43,7 +43,7 @@ def build_bm25_index(corpus: str | Path, out_dir: str | Path) -> Path:
     if not corpus.is_file():
         raise CorpusError(f"corpus not found: {corpus}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "manifest.json").unlink(missing_ok=True)  # unfinished until the new manifest is written
+    (out / MANIFEST).unlink(missing_ok=True)  # unfinished until the new manifest is written
     if write_passages(unique_passages(iter_corpus(corpus), str(corpus)), out) == 0:
         raise CorpusError(f"{corpus}: the corpus has no passages")
     BM25Retriever.from_passages(PassageStore(out), where=str(corpus)).save(out, corpus=str(corpus.resolve()))
@@ -79,7 +79,7 @@ class BM25Retriever:
         """Write bm25s's files and the manifest; the passages must already be in index_dir
         (write_passages) unless they were loaded from it."""
         index_dir = Path(index_dir)
-        if not (index_dir / "passages.jsonl").exists():
+        if not (index_dir / PASSAGES).exists():
             write_passages(self.passages, index_dir)
         self.bm25.save(str(index_dir / BM25_DIR), show_progress=False)
         Manifest(kind="bm25", count=len(self.passages), corpus=corpus, created=now_iso(),

@@ -25,7 +25,7 @@ from kair_runtime.config import RetrieverConfig
 from kair_runtime.records import Passage, ScoredPassage
 from kair_runtime.retrieval.base import CorpusError, iter_corpus, load_corpus
 from kair_runtime.retrieval.encoders import Encoder, EncoderError, same_encoder
-from kair_runtime.retrieval.store import (Manifest, IndexDirError, PassageStore, atomic_save_npy,
+from kair_runtime.retrieval.store import (MANIFEST, IndexDirError, Manifest, PassageStore, atomic_save_npy,
                                           atomic_write_text, now_iso, passage_text, tmp_path,
                                           unique_passages, write_passages)
 
@@ -193,7 +193,7 @@ def build_dense_index(corpus: str | Path, out_dir: str | Path, *, encoder: str |
     if not corpus.is_file():
         raise CorpusError(f"corpus not found: {corpus}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "manifest.json").unlink(missing_ok=True)  # unfinished until the new manifest is written
+    (out / MANIFEST).unlink(missing_ok=True)  # unfinished until the new manifest is written
     count = write_passages(unique_passages(iter_corpus(corpus), str(corpus)), out)
     if count == 0:
         raise CorpusError(f"{corpus}: the corpus has no passages")

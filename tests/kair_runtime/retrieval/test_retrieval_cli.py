@@ -47,3 +47,8 @@ def test_missing_corpus_exits_1(tmp_path):
     result = runner.invoke(index_app, ["build", "--corpus", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "x"),
                                        "--retriever", "bm25"])
     assert result.exit_code == 1 and "corpus not found" in result.output
+
+
+def test_serve_refuses_a_dir_that_is_not_an_index(tmp_path):
+    result = runner.invoke(index_app, ["serve", "--index", str(tmp_path), "--port", "0"])
+    assert result.exit_code == 1 and "not an index dir" in result.output and "Traceback" not in result.output
