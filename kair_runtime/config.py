@@ -142,6 +142,12 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         return value
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if typ is float and isinstance(value, str):
+        # YAML 1.1 reads 5e-4 (no dot) as a string; a user writing it means the number.
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
     if typ is bool and not isinstance(value, bool):
         raise ConfigError(f"{where}: expected true/false, got {value!r}")
     if isinstance(typ, type) and not isinstance(value, typ):

@@ -27,6 +27,9 @@ def config_class(path: Path):
     if kind == "eval":
         from eval.run import EvalConfig
         return EvalConfig
+    if kind == "demo":
+        from data_gen.demo import DemoConfig
+        return DemoConfig
     return None
 
 
@@ -58,3 +61,11 @@ def test_overrides_and_types():
     with pytest.raises(ConfigError, match="must look like"):
         load_config(RuntimeConfig, None, ["loop.max_steps"])
     assert from_dict(LoopConfig, {"max_passage_words": None}).max_passage_words is None
+
+
+def test_a_float_written_without_a_dot_is_a_number():
+    # YAML 1.1 (PyYAML) reads `5e-4` as a string; a float field takes it as the number.
+    cfg = load_config(RuntimeConfig, None, ["loop.temperature=5e-4"])
+    assert cfg.loop.temperature == 5e-4
+    with pytest.raises(ConfigError, match="loop.temperature: expected a number"):
+        load_config(RuntimeConfig, None, ["loop.temperature=warm"])
