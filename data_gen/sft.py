@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from data_gen.store import read_trajectories, trajectory_files, trajectory_key
+from data_gen.store import read_trajectories, source_key, trajectory_files
 from kair_runtime.config import ConfigError, RuntimeConfig
 from kair_runtime.index import empty_index
 from kair_runtime.output_format import render_step_output
@@ -99,7 +99,7 @@ def prompt_set_for(trace: Trace, cfg: SFTConfig, cache: dict[str, PromptSet]) ->
     prompts = cache[fmt]
     recorded = trace.extra.get("prompt_version")
     if recorded and recorded != prompts.version:
-        raise SFTError(f"trajectory {trajectory_key(trace)} was made with prompt version {recorded}, but these "
+        raise SFTError(f"trajectory {source_key(trace)} was made with prompt version {recorded}, but these "
                        f"settings give {prompts.version}: use the runtime.loop prompt_dir / system_prompt / "
                        f"max_passage_words it was generated with")
     return prompts
@@ -133,7 +133,7 @@ def canonical_reasoning(trace: Trace, i: int) -> str:
     before = trace.steps[i - 1].index if i > 0 else empty_index(trace.index_format)
     parsed = parse_step_output(canonical_output(st), trace.index_format, before, trace.question.question)
     if (parsed.index, parsed.judgment, parsed.next_query) != (st.index, st.judgment, st.next_query) or parsed.fallbacks:
-        raise NotReproducible(f"trajectory {trajectory_key(trace)} step {st.step}: its canonical output does not parse back "
+        raise NotReproducible(f"trajectory {source_key(trace)} step {st.step}: its canonical output does not parse back "
                        f"to the same index/judgment/query (fallbacks {parsed.fallbacks})")
     return parsed.reasoning
 
@@ -155,7 +155,7 @@ def trace_examples(trace: Trace, prompts: PromptSet, cfg: SFTConfig) -> list[SFT
     if cfg.check_recorded:
         bad = check_recorded(trace, prompts, loop.answer_mode)
         if bad:
-            raise SFTError(f"trajectory {trajectory_key(trace)}: recorded prompts differ from the re-rendered ones at "
+            raise SFTError(f"trajectory {source_key(trace)}: recorded prompts differ from the re-rendered ones at "
                            f"{', '.join(bad)} (other templates, max_passage_words or answer_mode?)")
     if cfg.prompt_source == "recorded":
         step_prompts, answer_prompt = [st.prompt for st in trace.steps], trace.final_prompt
@@ -163,7 +163,7 @@ def trace_examples(trace: Trace, prompts: PromptSet, cfg: SFTConfig) -> list[SFT
         step_prompts, answer_prompt = rebuild_prompts(trace, prompts, loop.answer_mode, "canonical")
     source = str(trace.extra.get("teacher", ""))
     meta = {"dataset": trace.question.dataset, "sample_id": int(trace.extra.get("sample_id", 0)),
-            "trajectory": trajectory_key(trace), "prompt_version": prompts.version, "index_format": trace.index_format}
+            "trajectory": source_key(trace), "prompt_version": prompts.version, "index_format": trace.index_format}
     examples = []
     for st, prompt in zip(trace.steps, step_prompts):
         examples.append(SFTExample(messages=list(prompt) + [{"role": "assistant", "content": canonical_output(st)}],
@@ -212,7 +212,7 @@ def build_sft(cfg: SFTConfig, traces: list[Trace] | None = None) -> dict[str, An
             rows += [example_row(ex) for ex in trace_examples(t, prompt_set_for(t, cfg, cache), cfg)]
             used.append(t)
         except NotReproducible as e:
-            skipped[trajectory_key(t)] = str(e)
+            skipped[source_key(t)] = str(e)
     if not rows:
         raise SFTError(f"no trajectory could be converted ({len(skipped)} not reproducible through the loop)")
     val_ids = split_questions([t.question.id for t in used], cfg.validation_fraction, cfg.seed)

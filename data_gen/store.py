@@ -87,7 +87,14 @@ def without_context(q: Question) -> Question:
 
 
 def trajectory_key(trace: Trace) -> str:
+    """question#sample: unique within one source's files (a teacher run resumes by it)."""
     return f"{trace.question.id}#{trace.extra.get('sample_id', 0)}"
+
+
+def source_key(trace: Trace) -> str:
+    """source/question#sample: unique across sources, so silver and teacher trajectories of the
+    same question (both sample 0) can be filtered and converted together."""
+    return f"{trace.extra.get('teacher', 'unknown')}/{trajectory_key(trace)}"
 
 
 def shard_path(out_dir: Path, shard: int, num_shards: int) -> Path:
@@ -112,7 +119,7 @@ def trajectory_files(path: str | Path) -> list[Path]:
 def read_trajectories(path: str | Path) -> list[Trace]:
     """Every trajectory under `path`, in file order. A torn last line (a generate still running,
     or killed) is skipped with a warning on stderr; any other bad line is an error naming it;
-    a key seen twice is an error."""
+    a (source, key) seen twice is an error."""
     traces: list[Trace] = []
     seen: dict[str, str] = {}
     for file in trajectory_files(path):
@@ -121,7 +128,7 @@ def read_trajectories(path: str | Path) -> list[Trace]:
                 trace = Trace.from_dict(rec)
             except (KeyError, TypeError, ValueError) as e:
                 raise JsonlError(f"{where}: not a trajectory record ({type(e).__name__}: {e})") from None
-            key = trajectory_key(trace)
+            key = source_key(trace)
             if key in seen:
                 raise JsonlError(f"{where}: trajectory {key} also at {seen[key]}")
             seen[key] = where

@@ -120,9 +120,10 @@ def prepare_retriever_config(cfg: GenerateConfig, out_dir: Path):
 
 
 def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever | None = None,
-             progress: bool = True) -> GenerateResult:
+             progress: bool = True, questions: list[Question] | None = None) -> GenerateResult:
     """Run this shard's (question, sample) pairs that are not in its file yet. `llm` and
-    `retriever` default to the ones the config names (tests pass small real ones)."""
+    `retriever` default to the ones the config names (tests pass small real ones); `questions`
+    replaces the ones cfg.datasets would load (`kair demo` passes its own)."""
     from tqdm import tqdm
 
     from kair_runtime.llm import build_llm
@@ -130,7 +131,8 @@ def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever |
 
     out_dir = Path(cfg.out_dir)
     samples = sample_grid(cfg.sampling)
-    questions = [without_context(q) for q in shard_questions(load_questions(cfg.datasets), cfg.shard, cfg.num_shards)]
+    questions = questions if questions is not None else load_questions(cfg.datasets)
+    questions = [without_context(q) for q in shard_questions(questions, cfg.shard, cfg.num_shards)]
     claim_dir(out_dir, resolved_for_claim(cfg))
     path = shard_path(out_dir, cfg.shard, cfg.num_shards)
     done = existing_keys(path, questions, samples)

@@ -10,7 +10,7 @@ import pytest
 
 from data_gen.filter import FilterConfig, run_filter
 from data_gen.sft import SFTConfig, SFTError, build_sft, canonical_output, check_recorded, rebuild_prompts
-from data_gen.store import read_trajectories, trajectory_key
+from data_gen.store import read_trajectories, source_key
 from data_gen.teacher import GenerateConfig, SamplingGrid, generate
 from kair_runtime.config import LLMConfig, LoopConfig, RuntimeConfig
 from kair_runtime.index import empty_index
@@ -98,7 +98,7 @@ def test_loop_fed_the_sft_targets_sends_exactly_the_sft_prompts(tmp_path, kept_d
     build_sft(sft_cfg(kept, tmp_path / "sft"))
     by = examples_by_trajectory(tmp_path / "sft")
     for t in read_trajectories(kept):
-        rows = by[trajectory_key(t)]
+        rows = by[source_key(t)]
         assert [r["kind"] for r in rows] == ["init"] + ["update"] * (len(t.steps) - 1) + ["answer"]
         received = replay(t, [r["messages"][-1]["content"] for r in rows], bm25)
         assert received == [r["messages"][:-1] for r in rows]
@@ -113,7 +113,7 @@ def test_recorded_mode_keeps_the_teacher_prompts(tmp_path, kept_dir, bm25):
     build_sft(sft_cfg(kept, tmp_path / "sft", prompt_source="recorded"))
     by = examples_by_trajectory(tmp_path / "sft")
     t = next(t for t in read_trajectories(kept) if t.question.id in messy)
-    rows = by[trajectory_key(t)]
+    rows = by[source_key(t)]
     assert [r["messages"][:-1] for r in rows] == [s.prompt for s in t.steps] + [t.final_prompt]
     # The loop fed the teacher's raw outputs sends the recorded prompts.
     assert replay(t, [s.raw_output for s in t.steps] + [t.final_output], bm25) == [r["messages"][:-1] for r in rows]
