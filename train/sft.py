@@ -256,6 +256,7 @@ def main(script_args: KairSFTArguments, training_args, model_args):
     trainer = build_trainer(script_args, training_args, model_args)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json beside the weights: the loss history of this run
     if model_args.use_peft and script_args.check_adapter and trainer.is_world_process_zero():
         log.info("final adapter: %s", check_adapter(training_args.output_dir))
     trainer.accelerator.print(f"saved to {training_args.output_dir}")

@@ -2,8 +2,9 @@
 
 TRL's `assistant_only_loss` trains only the tokens a chat template renders inside
 `{% generation %}...{% endgeneration %}`. Qwen2.5-Instruct's and Llama-3.1-Instruct's own
-templates have no such markers, so `chat_templates/` holds training templates for both that put
-each assistant reply *and its end-of-turn token* (`<|im_end|>` / `<|eot_id|>`) inside the markers.
+templates have no such markers, so `chat_templates/` holds training templates for both (and for
+SmolLM2-Instruct, the CPU demo's student) that put each assistant reply *and its end-of-turn token*
+(`<|im_end|>` / `<|eot_id|>`) inside the markers.
 A training template is only used after it is shown to render the same text as the model's own
 template on the actual training conversations (the markers themselves render nothing), so the
 student is trained on exactly the prompts the runtime will send it.
@@ -25,6 +26,7 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "chat_templates"
 TRAINING_TEMPLATES: dict[str, Path] = {
     "qwen2.5": TEMPLATE_DIR / "qwen2.5.jinja",  # ChatML as Qwen2.5-Instruct renders it
     "llama3.1": TEMPLATE_DIR / "llama3.1.jinja",  # Llama-3.1-Instruct's header layout
+    "smollm2": TEMPLATE_DIR / "smollm2.jinja",  # ChatML with SmolLM2's default system turn (the CPU student)
 }
 
 # Tokens that serve as padding in these families' vocabularies, in order of preference; a pad
