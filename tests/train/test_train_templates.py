@@ -158,3 +158,16 @@ def test_packed_rows_end_every_sequence_on_end_of_turn(qwen_real_dir, sft_data_d
     assert len(rows) < 50 and "seq_lengths" in rows.column_names  # 50 conversations in fewer rows
     checked, cut = check_assistant_labels(rows, trainer.processing_class.convert_tokens_to_ids("<|im_end|>"))
     assert checked == 50 and cut == 0
+
+
+def test_smollm2_is_matched_by_auto_and_masks_its_replies(smollm2_model_dir):
+    # The CPU demo's student: its own template has no generation markers, so "auto" must find
+    # the registered one, which renders identically and trains reply + <|im_end|> only.
+    tok = AutoTokenizer.from_pretrained(smollm2_model_dir)
+    assert not has_generation_markers(tok.chat_template)
+    conv = HELLO + [{"role": "assistant", "content": "<index>\nKeywords: A\n</index>"}]
+    template = resolve_training_template(tok, "auto", [conv])
+    assert template == load_template("smollm2")
+    ids, mask = assistant_token_mask(tok, conv, template)
+    trained = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert trained == "I'm doing great. How can I help you today?<|im_end|><index>\nKeywords: A\n</index><|im_end|>"
