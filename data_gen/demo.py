@@ -1,0 +1,656 @@
+"""`kair demo`: the whole distillation on one CPU, from data to a served adapter.
+
+    kair demo [--out runs/demo] [--train-steps N] [--max-steps 2] [--data DIR] [--config FILE]
+    kair demo --config configs/demo/benchmark-cpu.yaml     # the measured benchmark (~2 h on 2 cores)
+
+Data, by `data_dir`:
+  - none (default): the embedded demo world (kair_runtime.demo_data: 16 train + 8 dev invented
+    two/three-hop questions over a 72-passage corpus), or a folder holding files in its layout
+    (demo_questions.jsonl + demo_corpus.jsonl);
+  - a benchmark folder such as ../shared/data: train on `train_sets` (HotpotQA + MuSiQue train),
+    evaluate on `dev_sets` (HotpotQA, MuSiQue, 2Wiki dev), each split over its own closed corpus.
+
+Stages:
+    1. index     a retriever per corpus (the configured one: MiniLM dense by default)
+    2. data      silver trajectories from the train questions' gold chains (no LLM), plus teacher
+                 trajectories when `teacher` names an LLM (a large model behind the openai or vllm
+                 backend), filtered by answer F1, turned into SFT chats (the prompts the loop sends)
+    3. train     SFT of the student (SmolLM2-135M; LoRA, or full fine-tuning) on the CPU
+    4. eval      on the dev questions: the prompted student in the KAIR loop, the tuned one (same
+                 loop and settings) and vanilla RAG with the prompted student, same retriever
+    5. serve     how to serve the tuned student
+
+Everything lands in one run folder:
+
+    OUT/config.yaml  OUT/silver/  OUT/teacher/  OUT/filtered/{kept.jsonl,report.md}  OUT/sft/
+    OUT/train.yaml  OUT/adapter/ (or OUT/student/ when fully fine-tuned)
+    OUT/traces/<dataset>/<run>.jsonl  OUT/plots/*.png  OUT/results.md  OUT/summary.json
+
+A rerun with the same config resumes: training is skipped when OUT/train.yaml is unchanged and
+the student was saved, and each eval run continues its traces file. With the default settings
+the numbers are a smoke test of the plumbing, and the output says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+import yaml
+
+from data_gen.silver import Hop, chain, fact_with, mentions
+from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig, apply_overrides, \
+    from_dict, read_yaml, to_dict
+from kair_runtime.records import Question, Trace
+
+QUESTIONS_FILE = "demo_questions.jsonl"
+CORPUS_FILE = "demo_corpus.jsonl"
+
+
+def _smoke_runtime() -> RuntimeConfig:
+    # Compact prompts keep a CPU step to seconds: 3 passages of at most 40 words, short outputs.
+    return RuntimeConfig(
+        llm=LLMConfig(backend="hf", model="smollm2-135m", device="cpu", dtype="float32", batch_size=8),
+        retriever=RetrieverConfig(kind="dense", encoder="minilm"),
+        loop=LoopConfig(index_format="kr", max_steps=2, top_k=3, step_max_tokens=96, answer_max_tokens=16,
+                        max_passage_words=40))
+
+
+@dataclass
+class TrainSettings:
+    """The student's SFT run (train/sft.py keys). The default is a handful of LoRA steps at a high
+    rate: enough for the adapter to pick up the output layout, not to learn the task."""
+
+    steps: int = 12
+    learning_rate: float = 1.0e-3
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    batch_size: int = 4
+    use_peft: bool = True  # false: full fine-tuning (a 135M model fits in CPU memory)
+    lora_r: int = 16
+    lora_alpha: int = 32
+    max_length: int = 1024
+    save_steps: int = 0  # > 0: a checkpoint and a validation loss every N steps
+    seed: int = 0
+
+
+@dataclass
+class DemoConfig:
+    runtime: RuntimeConfig = field(default_factory=_smoke_runtime)  # llm.model is the student
+    out_dir: str = "runs/demo"
+    data_dir: str | None = None  # None: the embedded demo; else a demo-layout or benchmark folder
+    train_sets: list[str] = field(default_factory=lambda: ["hotpotqa:train", "musique:train"])  # benchmark only
+    dev_sets: list[str] = field(default_factory=lambda: ["hotpotqa:dev", "musique:dev", "2wikimultihopqa:dev"])
+    teacher: LLMConfig | None = None  # an LLM whose KAIR trajectories join the silver ones
+    min_f1: float = 1.0  # answer F1 a trajectory needs to become training data
+    train: TrainSettings = field(default_factory=TrainSettings)
+    validation_fraction: float = 0.1  # of the train questions, held out for the SFT validation split
+    dev_limit: int | None = None  # the first N questions of each dev set (None: all)
+
+
+# ---------------------------------------------------------------- the demo's gold chains
+
+
+@chain("demo")
+def demo_chain(q: Question, gold) -> list[Hop]:
+    """One hop per `decomposition` step: its passage, its sub-question as the query, and the
+    evidence triples whose object is that hop's answer (else the hop's own triple by position)."""
+    steps = q.metadata.get("decomposition", [])
+    texts = {p["id"]: p["text"] for p in q.metadata.get("supporting_paragraphs", [])}
+    hops = []
+    for s in steps:
+        pid, text = s["passage_id"], texts.get(s["passage_id"], "")
+        hops.append(Hop(title=s.get("title", pid), doc_ids=[pid], queries=[s["question"]],
+                        facts=[fact_with(text, s["answer"])] if text else []))
+    for i, (head, rel, tail) in enumerate(q.metadata.get("evidences", [])):
+        owner = (next((h for h, s in zip(hops, steps) if mentions(s["answer"], tail) or mentions(tail, s["answer"])),
+                      None)
+                 or next((h for h in hops if h.facts and mentions(h.facts[0], head) and mentions(h.facts[0], tail)),
+                         None)
+                 or hops[min(i, len(hops) - 1)])
+        owner.triples.append([head, rel, tail])
+    for h in hops:
+        h.entities = list(dict.fromkeys(x for s, _, o in h.triples for x in (s, o)))
+        h.queries += [f"{r} of {s}" for s, r, _ in h.triples]
+    return hops
+
+
+def with_passages(questions: list[Question], corpus: dict[str, Any]) -> list[Question]:
+    """The demo metadata names its passages by id; the silver chain also wants their text and
+    title, so they are attached here (as `supporting_paragraphs`, the benchmarks' key)."""
+    out = []
+    for q in questions:
+        steps = q.metadata.get("decomposition", [])
+        missing = [s["passage_id"] for s in steps if s["passage_id"] not in corpus]
+        if missing:
+            raise ConfigError(f"demo question {q.id}: passage(s) {missing} are not in the demo corpus")
+        paras = [{"id": p.id, "title": p.title, "text": p.text} for p in (corpus[s["passage_id"]] for s in steps)]
+        meta = dict(q.metadata, supporting_paragraphs=paras,
+                    decomposition=[dict(s, title=corpus[s["passage_id"]].title) for s in steps])
+        out.append(dataclasses.replace(q, metadata=meta))
+    return out
+
+
+# ---------------------------------------------------------------- data: question sets and their corpora
+
+
+@dataclass
+class QuestionSet:
+    """Questions with the corpus they are retrieved from, and their gold passage ids (recall)."""
+
+    label: str
+    questions: list[Question]
+    corpus: Path
+    gold: dict[str, set[str]]
+
+
+# A 2Wiki dev question's own paragraphs are a small corpus; the benchmark folder also ships the
+# paragraphs of a 1,000-question dev sample, which the paper-style closed corpus includes.
+EXTRA_CORPUS = {"2wikimultihopqa": ["2wikimultihopqa/corpus_6119.json"]}
+
+
+def is_benchmark_dir(data_dir: str | None) -> bool:
+    return data_dir is not None and not (Path(data_dir) / QUESTIONS_FILE).exists()
+
+
+def demo_sets(cfg: DemoConfig) -> tuple[QuestionSet, list[QuestionSet]]:
+    """The embedded demo (or a folder in its layout): one corpus for train and dev."""
+    from kair_runtime.demo_data import demo_corpus_path, demo_questions_path, load_demo_questions
+    from kair_runtime.retrieval import load_corpus
+
+    if cfg.data_dir is None:
+        questions_file, corpus = demo_questions_path(), demo_corpus_path()
+    else:
+        questions_file, corpus = Path(cfg.data_dir) / QUESTIONS_FILE, Path(cfg.data_dir) / CORPUS_FILE
+        if not corpus.is_file():
+            raise ConfigError(f"--data {cfg.data_dir}: {CORPUS_FILE} not found beside {QUESTIONS_FILE}")
+    passages = {p.id: p for p in load_corpus(corpus)}
+    train = with_passages(load_demo_questions("train", questions_file), passages)
+    dev = load_demo_questions("dev", questions_file)[:cfg.dev_limit]
+    if not train or not dev:
+        raise ConfigError(f"{questions_file}: needs train and dev questions (has {len(train)} / {len(dev)})")
+
+    def gold(qs):
+        return {q.id: set(q.metadata.get("supporting_ids", [])) for q in qs}
+
+    return (QuestionSet("demo-train", train, corpus, gold(train)),
+            [QuestionSet("demo-dev", dev, corpus, gold(dev))])
+
+
+def _name_split(item: str) -> tuple[str, str]:
+    name, sep, split = item.partition(":")
+    if not sep or not name or not split:
+        raise ConfigError(f"dataset {item!r} must look like name:split (e.g. musique:dev)")
+    return name, split
+
+
+def benchmark_file(root: Path, name: str, split: str) -> Path:
+    from eval.datasets import get_spec
+
+    spec = get_spec(name)
+    if split not in spec.files:
+        raise ConfigError(f"{name} has no local {split!r} split (has: {sorted(spec.files)})")
+    path = root / spec.files[split]
+    if not path.is_file():
+        raise ConfigError(f"--data {root}: {spec.files[split]} not found")
+    return path
+
+
+def benchmark_sets(cfg: DemoConfig, out: Path) -> tuple[QuestionSet, list[QuestionSet]]:
+    """Benchmark files: the train sets share the closed corpus of their own paragraphs; each dev
+    set gets the closed corpus of its split (every question's paragraphs, not only dev_limit's)."""
+    from data_gen.store import DataSpec, load_questions
+    from eval.corpus import build_corpus
+    from eval.run import gold_ids_for
+
+    root = Path(cfg.data_dir)
+    (out / "corpora").mkdir(parents=True, exist_ok=True)
+
+    def corpus_of(label: str, files: list[tuple[str, Path]], extra: list[Path]) -> Path:
+        path = out / "corpora" / f"{label}.jsonl"
+        if not path.exists():  # built once: a resumed run must retrieve from the same passages
+            tmp = path.with_name(f".{path.name}.tmp")
+            build_corpus([(n, str(f)) for n, f in files], extra_files=extra, out=tmp)
+            tmp.replace(path)
+        return path
+
+    train_files = [(n, benchmark_file(root, n, s)) for n, s in map(_name_split, cfg.train_sets)]
+    train_qs = load_questions([DataSpec(n, path=str(f)) for n, f in train_files])
+    train_corpus = corpus_of("train", train_files, [])
+    train = QuestionSet("train", train_qs, train_corpus, {})
+    dev = []
+    for name, split in map(_name_split, cfg.dev_sets):
+        file = benchmark_file(root, name, split)
+        extra = [root / e for e in EXTRA_CORPUS.get(name, []) if (root / e).is_file()]
+        corpus = corpus_of(f"{name}-{split}", [(name, file)], extra)
+        qs = load_questions([DataSpec(name, split=split, path=str(file), limit=cfg.dev_limit)])
+        dev.append(QuestionSet(name, qs, corpus, gold_ids_for(qs, corpus)))
+    if not train_qs or not any(d.questions for d in dev):
+        raise ConfigError(f"--data {root}: no train or no dev questions")
+    return train, dev
+
+
+# ---------------------------------------------------------------- stage 2: trajectories -> SFT data
+
+
+def teacher_trajectories(cfg: DemoConfig, train: QuestionSet, retriever, out: Path) -> list[Trace]:
+    """The configured teacher's greedy KAIR trajectories over the train questions, same loop and
+    retriever as the student gets (resumable: OUT/teacher keeps what finished)."""
+    from data_gen.store import read_trajectories
+    from data_gen.teacher import GenerateConfig, SamplingGrid, generate
+
+    gen = GenerateConfig(runtime=dataclasses.replace(cfg.runtime, llm=cfg.teacher), datasets=[],
+                         corpus=str(train.corpus), sampling=SamplingGrid(temperatures=[0.0], samples_per_temperature=1),
+                         out_dir=str(out / "teacher"),
+                         # the scripted backend ignores `model`: don't record a model that never ran
+                         teacher="scripted" if cfg.teacher.backend == "scripted" else None)
+    result = generate(gen, retriever=retriever, questions=train.questions)
+    return read_trajectories(result.path)
+
+
+def make_sft_data(cfg: DemoConfig, train: QuestionSet, retriever, out: Path) -> dict[str, Any]:
+    """Silver (+ teacher) trajectories -> filter by answer F1 -> SFT chats, each in its own folder."""
+    from data_gen.filter import FilterConfig, run_filter
+    from data_gen.sft import SFTConfig, build_sft
+    from data_gen.silver import run_silver
+    from kair_runtime.jsonl import JsonlWriter
+
+    traces = run_silver(train.questions, retriever, cfg.runtime, train.corpus)
+    (out / "silver").mkdir(parents=True, exist_ok=True)
+    with JsonlWriter(out / "silver" / "trajectories.jsonl") as w:
+        w.write(t.to_dict() for t in traces)
+    sources = {"silver": len(traces)}
+    if cfg.teacher is not None:
+        taught = teacher_trajectories(cfg, train, retriever, out)
+        sources["teacher"] = len(taught)
+        traces = traces + taught
+    report = run_filter(FilterConfig(out_dir=str(out / "filtered"), min_f1=cfg.min_f1), traces)
+    if report["kept"] == 0:
+        raise ConfigError(f"no trajectory passed the filter (see {out / 'filtered' / 'report.md'}); "
+                          "raise max_steps or top_k, or lower min_f1")
+    stats = build_sft(SFTConfig(runtime=cfg.runtime, trajectories=str(out / "filtered"), out_dir=str(out / "sft"),
+                                validation_fraction=cfg.validation_fraction, seed=cfg.train.seed))
+    return {"sources": sources, "kept": report["kept"], "reasons": report["reasons"],
+            "examples": {k: v["examples"] for k, v in stats["splits"].items()}}
+
+
+# ---------------------------------------------------------------- stage 3: SFT of the student
+
+
+def train_yaml(cfg: DemoConfig, model_dir: str, out: Path, chat_template: str = "auto") -> dict[str, Any]:
+    """The train/sft.py config of the student's run (written to OUT/train.yaml, rerunnable)."""
+    t = cfg.train
+    settings: dict[str, Any] = {"model_name_or_path": model_dir, "dtype": "float32", "use_peft": t.use_peft}
+    if t.use_peft:
+        settings.update(lora_r=t.lora_r, lora_alpha=t.lora_alpha, lora_dropout=0.0,
+                        lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                             "down_proj"])
+    settings.update({
+        "dataset_path": str(out / "sft" / "dataset"), "training_chat_template": chat_template,
+        "output_dir": str(student_dir(cfg, out)), "use_cpu": True, "bf16": False, "seed": t.seed,
+        "max_steps": t.steps, "per_device_train_batch_size": t.batch_size, "gradient_accumulation_steps": 1,
+        "learning_rate": t.learning_rate, "lr_scheduler_type": t.lr_scheduler_type, "warmup_steps": t.warmup_steps,
+        "max_length": t.max_length, "assistant_only_loss": True, "packing": False,
+        "logging_steps": max(1, min(5, t.steps // 6)), "activation_checkpointing": False,
+        "eval_strategy": "steps" if t.save_steps else "no", "save_strategy": "steps" if t.save_steps else "no",
+        "report_to": "none", "dataloader_num_workers": 0, "disable_tqdm": False,
+    })
+    if t.save_steps:
+        settings.update(save_steps=t.save_steps, eval_steps=t.save_steps)
+    return settings
+
+
+def student_dir(cfg: DemoConfig, out: Path) -> Path:
+    return out / ("adapter" if cfg.train.use_peft else "student")
+
+
+def training_template(model: str, out: Path) -> str:
+    """training_chat_template for this student: SmolLM2's registered template, copied into the run
+    folder so the run is self-contained; any other student uses train.templates' "auto"."""
+    from train.templates import TRAINING_TEMPLATES
+
+    if model != "smollm2-135m":
+        return "auto"
+    path = out / "training_chat_template.jinja"
+    shutil.copyfile(TRAINING_TEMPLATES["smollm2"], path)
+    return str(path)
+
+
+def saved_student(path: Path) -> bool:
+    weights = (path / "adapter_config.json").is_file() or (path / "model.safetensors").is_file()
+    return weights and (path / "trainer_state.json").is_file()
+
+
+def loss_log(student: Path) -> list[dict[str, float]]:
+    """The logged training and validation losses, from the trainer_state.json saved with the student."""
+    state = json.loads((student / "trainer_state.json").read_text(encoding="utf-8"))
+    return [{k: r[k] for k in ("step", "loss", "eval_loss") if k in r} for r in state["log_history"]
+            if "loss" in r or "eval_loss" in r]
+
+
+def train_student(cfg: DemoConfig, out: Path, console) -> tuple[Path, list[dict[str, float]], bool]:
+    """SFT in this process; returns the student dir, the logged losses, and whether this run
+    trained (False: a student saved by the same train.yaml settings is reused)."""
+    from kair_runtime.llm.hf import resolve_model
+    from train.sft import run
+
+    model = cfg.runtime.llm.model
+    path = out / "train.yaml"
+    settings = train_yaml(cfg, resolve_model(model), out, training_template(model, out))
+    student = student_dir(cfg, out)
+    if path.exists() and yaml.safe_load(path.read_text(encoding="utf-8")) == settings and saved_student(student):
+        console.print(f"reusing {student}: {path} has the same settings and the student was saved")
+        return student, loss_log(student), False
+    path.write_text(f"# python -m train.sft --config {path}\n" + yaml.safe_dump(settings, sort_keys=False),
+                    encoding="utf-8")
+    run(["--config", str(path)])
+    return student, loss_log(student), True
+
+
+def tuned_llm(cfg: DemoConfig, student: Path) -> LLMConfig:
+    if cfg.train.use_peft:
+        return dataclasses.replace(cfg.runtime.llm, adapter=str(student))
+    return dataclasses.replace(cfg.runtime.llm, model=str(student), adapter=None)
+
+
+# ---------------------------------------------------------------- stage 4: evaluation
+
+
+# Which runs stage 4 compares: (row label, method, tuned student?)
+EVAL_RUNS = (("prompted", "kair", False), ("prompted", "vanilla", False), ("tuned", "kair", True))
+ALL = "all"  # the label of the rows pooling every dev set's questions
+MIN_CHUNK = 16  # questions appended to a traces file at a time (resume granularity), at least
+
+
+def run_one(make_method, questions: list[Question], path: Path, advance, chunk: int = MIN_CHUNK) -> list[Trace]:
+    """The questions not yet in `path` through make_method() (called only if some are left),
+    appended chunk by chunk; every question's trace back, in order."""
+    from kair_runtime.jsonl import JsonlWriter, recover
+
+    done = {r["question"]["id"]: Trace.from_dict(r) for r in recover(path)}
+    advance(sum(q.id in done for q in questions))
+    todo = [q for q in questions if q.id not in done]
+    if todo:
+        method = make_method()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with JsonlWriter(path) as w:
+            for i in range(0, len(todo), chunk):
+                traces = method.run(todo[i:i + chunk])
+                w.write(t.to_dict() for t in traces)
+                done.update((t.question.id, t) for t in traces)
+                advance(len(traces))
+    return [done[q.id] for q in questions]
+
+
+def evaluate(cfg: DemoConfig, dev: list[QuestionSet], retrievers: dict[str, Any], student: Path, out: Path,
+             progress) -> list[dict[str, Any]]:
+    """Every EVAL_RUNS entry on every dev set (traces in OUT/traces/<set>/), one summary row per
+    (run, set), then, with several sets, one per run over all their questions pooled."""
+    from eval.methods import MethodSettings, build_method
+    from eval.report import summarize
+    from kair_runtime.llm import build_llm
+
+    settings = MethodSettings(loop=cfg.runtime.loop, vanilla_top_k=cfg.runtime.loop.top_k)
+    llms: dict[bool, Any] = {}
+
+    def llm_for(tuned: bool):
+        if tuned not in llms:
+            llms.clear()  # one student in memory at a time (EVAL_RUNS lists the prompted runs together)
+            llms[tuned] = build_llm(tuned_llm(cfg, student) if tuned else cfg.runtime.llm)
+        return llms[tuned]
+
+    rows, pooled = [], []
+    for label, method, tuned in EVAL_RUNS:
+        name = f"{label}-{method}"
+        task = progress.add_task(f"eval {name}", total=sum(len(d.questions) for d in dev))
+        all_traces, all_gold = [], {}
+        for qs in dev:
+            traces = run_one(lambda qs=qs, method=method, tuned=tuned: build_method(
+                                 method, llm_for(tuned), retrievers[qs.label], settings),
+                             qs.questions, out / "traces" / qs.label / f"{name}.jsonl",
+                             lambda n, task=task: progress.advance(task, n),
+                             # a chunk fills whole batches: the loop batches only what it is given
+                             chunk=max(MIN_CHUNK, cfg.runtime.llm.batch_size))
+            rows.append(row(cfg, label, method, qs.label, summarize(traces, qs.gold)))
+            all_traces += traces
+            all_gold.update(qs.gold)
+        pooled.append(row(cfg, label, method, ALL, summarize(all_traces, all_gold)))
+    return rows + pooled if len(dev) > 1 else rows
+
+
+def row(cfg: DemoConfig, label: str, method: str, dataset: str, summary: dict[str, Any]) -> dict[str, Any]:
+    return {"model": f"{cfg.runtime.llm.model} ({label})", "method": method, "dataset": dataset, "summary": summary}
+
+
+# ---------------------------------------------------------------- the table
+
+
+COLUMNS = ("dataset", "model", "method", "n", "F1", "EM", "format valid %", "mean steps", "tokens/q")
+
+
+def table_cells(r: dict[str, Any]) -> list[str]:
+    s = r["summary"]
+    fv = "-" if s["format_validity"] is None else f"{s['format_validity']:.1f}"
+    tokens = s["prompt_tokens_per_question"] + s["completion_tokens_per_question"]
+    return [r["dataset"], r["model"], r["method"], str(s["n"]), f"{s['f1']:.1f}", f"{s['em']:.1f}", fv,
+            f"{s['mean_steps']:.2f}", f"{tokens:.0f}"]
+
+
+def ordered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pooled rows first (the headline), then each dev set's."""
+    return [r for r in rows if r["dataset"] == ALL] + [r for r in rows if r["dataset"] != ALL]
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    return "\n".join(lines + ["| " + " | ".join(table_cells(r)) + " |" for r in ordered(rows)])
+
+
+def rich_table(rows: list[dict[str, Any]]):
+    from rich.table import Table
+
+    t = Table(title="dev questions (F1/EM x100)")
+    for i, c in enumerate(COLUMNS):
+        t.add_column(c, justify="left" if i < 3 else "right")
+    rows = ordered(rows)
+    for i, r in enumerate(rows):
+        # A rule under the pooled rows, which come first.
+        t.add_row(*table_cells(r), end_section=r["dataset"] == ALL and i + 1 < len(rows) and rows[i + 1]["dataset"] != ALL)
+    return t
+
+
+SMOKE_NOTE = ("This is a SMOKE-SCALE run ({steps} training steps, {n_dev} dev questions): it checks that every "
+              "stage works end to end, and its numbers say little about the method. The measured benchmark is "
+              "`kair demo --config configs/demo/benchmark-cpu.yaml` (docs/results.md).")
+# At or above this many training steps and dev questions the run is a measurement, not a smoke test.
+SMOKE_LIMITS = (60, 100)
+
+
+def scale_note(cfg: DemoConfig, n_dev: int) -> str | None:
+    if cfg.train.steps >= SMOKE_LIMITS[0] and n_dev >= SMOKE_LIMITS[1]:
+        return None
+    return SMOKE_NOTE.format(steps=cfg.train.steps, n_dev=n_dev)
+
+
+def serve_hint(cfg: DemoConfig, student: Path) -> str:
+    key = "llm.adapter" if cfg.train.use_peft else "llm.model"
+    return f"kair serve --config configs/serve/default.yaml --set {key}={student}"
+
+
+def write_serve_config(cfg: DemoConfig, student: Path, corpus: Path, out: Path) -> Path:
+    """OUT/serve.yaml: the tuned student behind the loop settings it was trained with."""
+    from kair_runtime.serve.config import ServeConfig
+
+    serve = ServeConfig(llm=tuned_llm(cfg, student), retriever=dataclasses.replace(cfg.runtime.retriever,
+                                                                                   corpus=str(corpus)),
+                        loop=cfg.runtime.loop)
+    path = out / "serve.yaml"
+    path.write_text(f"# kair serve --config {path} --port 8000\n" + yaml.safe_dump(to_dict(serve), sort_keys=False),
+                    encoding="utf-8")
+    return path
+
+
+def results_markdown(cfg: DemoConfig, rows: list[dict[str, Any]], info: dict[str, Any], note: str | None) -> str:
+    from eval.report import results_table, stats_table, step_distribution_table
+
+    loop, t, d = cfg.runtime.loop, cfg.train, info["data"]
+    kind = "LoRA" if t.use_peft else "full fine-tuning"
+    per_set = [r for r in rows if r["dataset"] != ALL]
+    datasets = list(dict.fromkeys(r["dataset"] for r in per_set))
+    return "\n".join([
+        "# kair demo", "", *([f"> {note}", ""] if note else []),
+        f"Student `{cfg.runtime.llm.model}`, retriever {cfg.runtime.retriever.kind}"
+        f"{f' ({cfg.runtime.retriever.encoder})' if cfg.runtime.retriever.kind == 'dense' else ''}; "
+        f"loop: format {loop.index_format}, max_steps {loop.max_steps}, top_k {loop.top_k}, "
+        f"max_passage_words {loop.max_passage_words}, step tokens {loop.step_max_tokens}, "
+        f"answer tokens {loop.answer_max_tokens}. Data: {info['data_source']}.", "",
+        "## Dev results", "", markdown_table(rows), "",
+        "F1/EM x100, every question in the denominator. Format valid %: share of loop steps whose index, "
+        "judgment and query all parsed from the model's output. tokens/q: prompt + completion tokens per "
+        f"question.{' The `all` rows pool every dev set' + chr(39) + 's questions.' if len(datasets) > 1 else ''}", "",
+        "## Per dataset", "", results_table(per_set, datasets), "",
+        "## Training data and run", "",
+        f"- trajectories: {d['sources']}; kept (answer F1 >= {cfg.min_f1}): {d['kept']} "
+        f"(rejections: {d['reasons'] or 'none'})",
+        f"- SFT examples: {d['examples']} (`sft/README.md`)",
+        f"- {kind}: {t.steps} steps, batch {t.batch_size}, learning rate {t.learning_rate} ({t.lr_scheduler_type})",
+        f"- logged losses: {info['train_log']}", "",
+        "## Run statistics", "", stats_table(per_set), "",
+        "s/q is each question's latency inside its batch, not throughput.", "",
+        "## Reached step", "", step_distribution_table(per_set), "",
+        "## Stage wall times (s)", "", "| stage | s |", "|---|---|",
+        *[f"| {k} | {v:.1f} |" for k, v in info["wall_s"].items()], "",
+        "## Files", "",
+        "`silver/` (gold-chain trajectories), `teacher/` (when a teacher is set), `filtered/` (kept.jsonl, "
+        "report.md), `sft/` (train/validation jsonl, dataset/, README.md), `train.yaml` + the student dir, "
+        "`traces/<dataset>/` (one jsonl per eval run), `plots/`, `serve.yaml`, `summary.json` (every figure).", "",
+        "## Serve the tuned student", "", f"    kair serve --config {info['serve_config']} --port 8000", ""])
+
+
+# ---------------------------------------------------------------- the pipeline
+
+
+STAGES = ("index", "data", "train", "eval", "serve")
+TITLES = {"index": "retrievers over the corpora", "data": "trajectories -> filter -> SFT examples",
+          "train": "SFT of the student", "eval": "evaluation on the dev questions", "serve": "serving"}
+
+
+def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
+    """Run the five stages into cfg.out_dir; returns {"rows", "student", "data", "train_log", "wall_s", ...}."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    from eval.report import write_plots
+    from kair_runtime.retrieval import build_retriever
+
+    console = console or Console()
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    wall: dict[str, float] = {}
+    started = last = time.perf_counter()
+
+    def stage(key: str) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        i = STAGES.index(key)
+        if i:
+            wall[STAGES[i - 1]] = round(now - last, 1)
+        last = now
+        console.rule(f"[bold][{i + 1}/{len(STAGES)}] {TITLES[key]}")
+
+    stage("index")
+    benchmark = is_benchmark_dir(cfg.data_dir)
+    train, dev = benchmark_sets(cfg, out) if benchmark else demo_sets(cfg)
+    source = f"benchmark files in {cfg.data_dir}" if benchmark else (cfg.data_dir or "the embedded demo world")
+    rc = cfg.runtime.retriever
+    retrievers = {}
+    for qs in [train, *dev]:
+        if str(qs.corpus) not in retrievers:
+            retrievers[str(qs.corpus)] = build_retriever(dataclasses.replace(rc, corpus=str(qs.corpus), index_dir=None))
+        console.print(f"{qs.label}: {len(qs.questions)} questions, {rc.kind} retriever over {qs.corpus}")
+    by_set = {qs.label: retrievers[str(qs.corpus)] for qs in [train, *dev]}
+
+    stage("data")
+    data = make_sft_data(cfg, train, by_set[train.label], out)
+    console.print(f"trajectories {data['sources']}, {data['kept']} kept, SFT examples {data['examples']}")
+
+    stage("train")
+    kind = "LoRA" if cfg.train.use_peft else "full fine-tuning"
+    console.print(f"{kind} of {cfg.runtime.llm.model}: {cfg.train.steps} steps on the CPU (config {out / 'train.yaml'})")
+    student, log, trained = train_student(cfg, out, console)
+    losses = [r["loss"] for r in log if "loss" in r]
+    console.print(f"student: {student}; training loss " + " -> ".join(f"{x:.3f}" for x in losses[:1] + losses[-1:]))
+
+    stage("eval")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn())
+    with Progress(*columns, console=console) as progress:
+        rows = evaluate(cfg, dev, by_set, student, out, progress)
+    plots = write_plots([r for r in rows if r["dataset"] != ALL], [d.label for d in dev], out / "plots")
+
+    stage("serve")
+    serve_config = write_serve_config(cfg, student, dev[0].corpus, out)
+    wall["serve"] = round(time.perf_counter() - last, 1)
+    wall["total"] = round(time.perf_counter() - started, 1)
+    note = scale_note(cfg, sum(len(d.questions) for d in dev))
+    info = {"rows": rows, "student": str(student), "trained_this_run": trained, "data": data, "data_source": source,
+            "train_log": log, "wall_s": wall, "out_dir": str(out), "serve_config": str(serve_config),
+            "plots": [str(p) for p in plots]}
+    (out / "summary.json").write_text(json.dumps(info, indent=2, default=str), encoding="utf-8")
+    (out / "results.md").write_text(results_markdown(cfg, rows, info, note), encoding="utf-8")
+    console.print(rich_table(rows))
+    console.print(f"serve the tuned student:\n  kair serve --config {serve_config} --port 8000")
+    console.print(f"plots: {out / 'plots'}  run folder: {out} (results.md, summary.json, traces/)  "
+                  f"total {wall['total']:.0f} s")
+    if note:
+        console.print(f"[bold yellow]{note}")
+    return info
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def load_demo_config(config: str | None, overrides: list[str], **flags) -> DemoConfig:
+    """YAML (optional), then `--set a.b=v`, then the explicit flags that were given."""
+    data = read_yaml(config) if config else {}
+    apply_overrides(data, overrides)
+    keys = {"out": "out_dir", "data": "data_dir", "train_steps": "train.steps", "max_steps": "runtime.loop.max_steps",
+            "model": "runtime.llm.model", "dev_limit": "dev_limit"}
+    apply_overrides(data, [f"{keys[k]}={v}" for k, v in flags.items() if v is not None])
+    cfg = from_dict(DemoConfig, data)
+    if cfg.train.steps < 1:
+        raise ConfigError(f"train.steps must be >= 1, got {cfg.train.steps}")
+    return cfg
+
+
+def demo_command(
+    out: Optional[str] = typer.Option(None, "--out", help="Run folder (default runs/demo)."),
+    train_steps: Optional[int] = typer.Option(None, "--train-steps", help="Training steps (default 12)."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Retrieval steps per question (default 2)."),
+    data: Optional[str] = typer.Option(None, "--data", help=f"A benchmark folder (../shared/data) or one with "
+                                                            f"{QUESTIONS_FILE} + {CORPUS_FILE}."),
+    model: Optional[str] = typer.Option(None, "--model", help="The student (default smollm2-135m)."),
+    dev_limit: Optional[int] = typer.Option(None, "--dev-limit", help="Only the first N questions of each dev set."),
+    config: Optional[str] = typer.Option(None, "--config", "-c", help="A configs/demo/*.yaml file."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.learning_rate=5e-4"),
+) -> None:
+    """The whole distillation on the CPU: index, trajectories, SFT of the student, eval, serve."""
+    try:
+        cfg = load_demo_config(config, set_, out=out, train_steps=train_steps, max_steps=max_steps, data=data,
+                               model=model, dev_limit=dev_limit)
+        run_demo(cfg)
+    except (ConfigError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+
+
+if __name__ == "__main__":
+    typer.run(demo_command)

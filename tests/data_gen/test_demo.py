@@ -1,0 +1,145 @@
+"""`kair demo` end to end at toy scale: the tiny random-init model as the student, BM25, 2 LoRA
+steps, 2 dev questions. Random weights write no KAIR layout, so the figures are not checked for
+quality, only that every stage ran and left its files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from rich.console import Console
+
+from data_gen.demo import DemoConfig, TrainSettings, demo_chain, load_demo_config, run_demo, with_passages
+from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig
+from kair_runtime.demo_data import load_demo_corpus, load_demo_questions
+
+
+def test_demo_chain_follows_the_gold_decomposition():
+    passages = {p.id: p for p in load_demo_corpus()}
+    q = with_passages(load_demo_questions("train")[:1], passages)[0]
+    hops = demo_chain(q, None)
+    assert [h.doc_ids for h in hops] == [[pid] for pid in q.metadata["supporting_ids"]]
+    assert hops[0].queries[0] == q.metadata["decomposition"][0]["question"]
+    # Every evidence triple lands on exactly one hop; the first hop's object is its answer.
+    assert sum(len(h.triples) for h in hops) == len(q.metadata["evidences"])
+    assert hops[0].triples[0][2].lower().endswith("glass herons")
+
+
+def test_smoke_config_is_the_builtin_default():
+    path = Path(__file__).resolve().parents[2] / "configs" / "demo" / "smoke.yaml"
+    assert path.read_text().startswith("# kair demo --config configs/demo/smoke.yaml")
+    assert load_demo_config(str(path), []) == DemoConfig()
+
+
+def test_flags_override_the_config(tmp_path):
+    cfg = load_demo_config(None, ["train.learning_rate=5.0e-4"], out=str(tmp_path), train_steps=3, max_steps=1)
+    assert (cfg.out_dir, cfg.train.steps, cfg.runtime.loop.max_steps) == (str(tmp_path), 3, 1)
+    assert cfg.train.learning_rate == 5e-4 and cfg.runtime.llm.model == "smollm2-135m"
+    with pytest.raises(ConfigError, match="train.stepz"):
+        load_demo_config(None, ["train.stepz=3"])
+
+
+def tiny_cfg(tmp_path, tiny_model_dir, **kw) -> DemoConfig:
+    return DemoConfig(
+        runtime=RuntimeConfig(
+            llm=LLMConfig(backend="hf", model=str(tiny_model_dir), device="cpu", dtype="float32", batch_size=4),
+            retriever=RetrieverConfig(kind="bm25"),
+            loop=LoopConfig(max_steps=2, top_k=3, step_max_tokens=8, answer_max_tokens=4, max_passage_words=40)),
+        out_dir=str(tmp_path / "demo"), train=TrainSettings(steps=2, learning_rate=5e-3), dev_limit=2, **kw)
+
+
+def test_demo_runs_every_stage_with_the_tiny_model(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = tiny_cfg(tmp_path, tiny_model_dir)
+    console = Console(record=True, width=160)
+    info = run_demo(cfg, console)
+    out = tmp_path / "demo"
+
+    # Stage 2: silver data for the 16 train questions, the complete ones kept, as SFT chats.
+    assert info["data"]["sources"] == {"silver": 16} and 0 < info["data"]["kept"] <= 16
+    assert info["data"]["examples"]["train"] > 0
+    assert (out / "silver" / "trajectories.jsonl").is_file() and (out / "filtered" / "kept.jsonl").is_file()
+    assert (out / "sft" / "dataset").is_dir() and (out / "train.yaml").is_file()
+    # Stage 3: a PEFT adapter the runtime can load, with its loss history.
+    adapter = out / "adapter"
+    assert (adapter / "adapter_config.json").is_file() and info["student"] == str(adapter)
+    assert info["trained_this_run"] and any("loss" in r for r in info["train_log"])
+    # Stage 4: three runs on the 2 dev questions, their traces, the table and the plots.
+    assert [(r["model"].split()[-1], r["method"], r["summary"]["n"]) for r in info["rows"]] == [
+        ("(prompted)", "kair", 2), ("(prompted)", "vanilla", 2), ("(tuned)", "kair", 2)]
+    assert info["rows"][1]["summary"]["format_validity"] is None
+    for name in ("prompted-kair", "tuned-kair", "prompted-vanilla"):
+        lines = (out / "traces" / "demo-dev" / f"{name}.jsonl").read_text().splitlines()
+        assert len(lines) == 2
+    tuned = json.loads((out / "traces" / "demo-dev" / "tuned-kair.jsonl").read_text().splitlines()[0])
+    assert "+" in tuned["extra"]["llm"]  # the loop ran with the adapter loaded
+    assert info["plots"] and all(Path(p).is_file() for p in info["plots"])
+    results = (out / "results.md").read_text()
+    assert "| dataset | model | method | n | F1 | EM | format valid % | mean steps | tokens/q |" in results
+    assert "SMOKE-SCALE" in results and "kair serve --config" in results
+    serve = yaml.safe_load((out / "serve.yaml").read_text())
+    assert serve["llm"]["adapter"] == str(adapter) and serve["loop"]["max_passage_words"] == 40
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["wall_s"]) == {"index", "data", "train", "eval", "serve", "total"}
+    printed = console.export_text()
+    assert "format valid %" in printed and f"kair serve --config {out / 'serve.yaml'}" in printed
+    assert "SMOKE-SCALE" in printed
+
+    # A rerun with the same config reuses the student and every trace: nothing is trained or generated.
+    again = run_demo(cfg, Console(record=True, width=160))
+    assert not again["trained_this_run"]
+    assert [r["summary"]["f1"] for r in again["rows"]] == [r["summary"]["f1"] for r in info["rows"]]
+    assert (out / "traces" / "demo-dev" / "tuned-kair.jsonl").read_text().count("\n") == 2
+
+
+BENCH_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+@pytest.mark.skipif(not (BENCH_DATA / "musique").is_dir(), reason="needs the benchmark samples in ../shared/data")
+def test_demo_on_benchmark_files_trains_and_evaluates_each_dev_set(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = tiny_cfg(tmp_path, tiny_model_dir, data_dir=str(BENCH_DATA), train_sets=["musique:train"],
+                   dev_sets=["musique:dev", "2wikimultihopqa:dev"])
+    cfg.train = TrainSettings(steps=1, learning_rate=5e-3, use_peft=False)  # full fine-tuning this time
+    info = run_demo(cfg, Console(record=True, width=160))
+    out = tmp_path / "demo"
+    assert info["data"]["sources"] == {"silver": 100} and info["data"]["kept"] > 30
+    # Full fine-tuning saves a whole model, which the tuned runs load as their model.
+    assert info["student"] == str(out / "student") and (out / "student" / "model.safetensors").is_file()
+    tuned = json.loads((out / "traces" / "musique" / "tuned-kair.jsonl").read_text().splitlines()[0])
+    assert tuned["extra"]["llm"].endswith("student")
+    # One row per (run, dev set), then the pooled rows over both sets' 4 questions.
+    pooled = [r for r in info["rows"] if r["dataset"] == "all"]
+    assert [r["summary"]["n"] for r in pooled] == [4, 4, 4]
+    assert {r["dataset"] for r in info["rows"]} == {"musique", "2wikimultihopqa", "all"}
+    # Recall uses each set's gold paragraph ids in its own closed corpus (2Wiki's includes corpus_6119).
+    assert all("recall" in r["summary"] for r in info["rows"])
+    corpus_2wiki = (out / "corpora" / "2wikimultihopqa-dev.jsonl").read_text().count("\n")
+    assert corpus_2wiki > 6000
+    assert "benchmark files in" in (out / "results.md").read_text()
+
+
+def test_a_dataset_without_its_split_is_a_config_error(tmp_path):
+    from data_gen.demo import benchmark_sets
+
+    cfg = load_demo_config(None, [f"data_dir={tmp_path}", "train_sets=[musique]"])
+    with pytest.raises(ConfigError, match="name:split"):
+        benchmark_sets(cfg, tmp_path / "out")
+
+
+def test_a_configured_teacher_adds_its_trajectories(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # The scripted backend writes well-formed KAIR steps from the documents it is shown: a teacher
+    # that costs nothing. Its answers are rarely right, so the F1 bar is lowered to keep them.
+    cfg = tiny_cfg(tmp_path, tiny_model_dir, teacher=LLMConfig(backend="scripted"), min_f1=0.0)
+    cfg.train.steps, cfg.dev_limit = 1, 1
+    cfg.runtime.loop.step_max_tokens = 200  # the teacher's steps must fit (the tiny student's 8 would cut them)
+    info = run_demo(cfg, Console(record=True, width=160))
+    out = tmp_path / "demo"
+    assert info["data"]["sources"] == {"silver": 16, "teacher": 16}
+    teacher_lines = list((out / "teacher").glob("**/*.jsonl"))
+    assert teacher_lines and sum(f.read_text().count("\n") for f in teacher_lines) == 16
+    kept = [json.loads(line) for line in (out / "filtered" / "kept.jsonl").read_text().splitlines()]
+    assert {k["extra"]["teacher"] for k in kept} >= {"annotations", "scripted"}
