@@ -334,6 +334,12 @@ def loss_log(student: Path) -> list[dict[str, float]]:
             if "loss" in r or "eval_loss" in r]
 
 
+def training_seconds(student: Path) -> float | None:
+    """How long the saved student's training took (the trainer's own train_runtime)."""
+    state = json.loads((student / "trainer_state.json").read_text(encoding="utf-8"))
+    return next((r["train_runtime"] for r in reversed(state["log_history"]) if "train_runtime" in r), None)
+
+
 def train_student(cfg: DemoConfig, out: Path, console) -> tuple[Path, list[dict[str, float]], bool]:
     """SFT in this process; returns the student dir, the logged losses, and whether this run
     trained (False: a student saved by the same train.yaml settings is reused)."""
@@ -496,6 +502,17 @@ def write_serve_config(cfg: DemoConfig, student: Path, corpus: Path, out: Path) 
     return path
 
 
+def loss_line(log: list[dict[str, float]], key: str) -> str:
+    """`1.406 (5) -> ... -> 0.345 (90)`: at most 8 points, first and last included."""
+    points = [(int(r["step"]), r[key]) for r in log if key in r]
+    if not points:
+        return "not logged"
+    if len(points) > 8:
+        stride = (len(points) - 1) / 7
+        points = [points[round(i * stride)] for i in range(8)]
+    return " -> ".join(f"{v:.3f} ({step})" for step, v in points)
+
+
 def results_markdown(cfg: DemoConfig, rows: list[dict[str, Any]], info: dict[str, Any], note: str | None) -> str:
     from eval.report import results_table, stats_table, step_distribution_table
 
@@ -520,12 +537,17 @@ def results_markdown(cfg: DemoConfig, rows: list[dict[str, Any]], info: dict[str
         f"(rejections: {d['reasons'] or 'none'})",
         f"- SFT examples: {d['examples']} (`sft/README.md`)",
         f"- {kind}: {t.steps} steps, batch {t.batch_size}, learning rate {t.learning_rate} ({t.lr_scheduler_type})",
-        f"- logged losses: {info['train_log']}", "",
+        f"- training loss by step: {loss_line(info['train_log'], 'loss')}",
+        f"- validation loss by step: {loss_line(info['train_log'], 'eval_loss')}", "",
         "## Run statistics", "", stats_table(per_set), "",
         "s/q is each question's latency inside its batch, not throughput.", "",
         "## Reached step", "", step_distribution_table(per_set), "",
         "## Stage wall times (s)", "", "| stage | s |", "|---|---|",
         *[f"| {k} | {v:.1f} |" for k, v in info["wall_s"].items()], "",
+        *([] if info["trained_this_run"] else [
+            "This run reused the saved student (same train.yaml); its training took "
+            + (f"{info['training_s']:.0f} s (trainer_state.json)." if info["training_s"] is not None
+               else "a time trainer_state.json does not record."), ""]),
         "## Files", "",
         "`silver/` (gold-chain trajectories), `teacher/` (when a teacher is set), `filtered/` (kept.jsonl, "
         "report.md), `sft/` (train/validation jsonl, dataset/, README.md), `train.yaml` + the student dir, "
@@ -602,8 +624,8 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
     wall["total"] = round(time.perf_counter() - started, 1)
     note = scale_note(cfg, sum(len(d.questions) for d in dev))
     info = {"rows": rows, "student": str(student), "trained_this_run": trained, "data": data, "data_source": source,
-            "train_log": log, "wall_s": wall, "out_dir": str(out), "serve_config": str(serve_config),
-            "plots": [str(p) for p in plots]}
+            "train_log": log, "training_s": training_seconds(student), "wall_s": wall, "out_dir": str(out),
+            "serve_config": str(serve_config), "plots": [str(p) for p in plots]}
     (out / "summary.json").write_text(json.dumps(info, indent=2, default=str), encoding="utf-8")
     (out / "results.md").write_text(results_markdown(cfg, rows, info, note), encoding="utf-8")
     console.print(rich_table(rows))
