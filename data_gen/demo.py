@@ -458,16 +458,27 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(table_cells(r)) + " |" for r in ordered(rows)])
 
 
-def rich_table(rows: list[dict[str, Any]]):
+def rich_table(rows: list[dict[str, Any]], student: str):
+    """The terminal version: the student named once in the title, so the table fits 80 columns."""
+    from rich import box
     from rich.table import Table
 
-    t = Table(title="dev questions (F1/EM x100)")
-    for i, c in enumerate(COLUMNS):
-        t.add_column(c, justify="left" if i < 3 else "right")
+    t = Table(title=f"{student} on the dev questions (F1/EM x100)", box=box.SIMPLE_HEAD, pad_edge=False,
+              collapse_padding=True)
+    headers = ("dataset", "student", "method", "n", "F1", "EM", "valid %", "steps", "tok/q")
     rows = ordered(rows)
-    for i, r in enumerate(rows):
+    body = []
+    for r in rows:
+        cells = table_cells(r)
+        cells[1] = r["model"].removeprefix(student).strip(" ()")  # "prompted" / "tuned"
+        body.append(cells)
+    for i, h in enumerate(headers):  # each column as wide as its widest cell: figures are never cut
+        t.add_column(h, justify="left" if i < 3 else "right", no_wrap=True,
+                     min_width=max(len(h), *(len(c[i]) for c in body)))
+    t.caption = "valid %: steps whose index, judgment and query parsed; tok/q: prompt + completion tokens"
+    for i, (r, cells) in enumerate(zip(rows, body)):
         # A rule under the pooled rows, which come first.
-        t.add_row(*table_cells(r), end_section=r["dataset"] == ALL and i + 1 < len(rows) and rows[i + 1]["dataset"] != ALL)
+        t.add_row(*cells, end_section=r["dataset"] == ALL and i + 1 < len(rows) and rows[i + 1]["dataset"] != ALL)
     return t
 
 
@@ -628,7 +639,7 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
             "serve_config": str(serve_config), "plots": [str(p) for p in plots]}
     (out / "summary.json").write_text(json.dumps(info, indent=2, default=str), encoding="utf-8")
     (out / "results.md").write_text(results_markdown(cfg, rows, info, note), encoding="utf-8")
-    console.print(rich_table(rows))
+    console.print(rich_table(rows, cfg.runtime.llm.model))
     console.print(f"serve the tuned student:\n  kair serve --config {serve_config} --port 8000")
     console.print(f"plots: {out / 'plots'}  run folder: {out} (results.md, summary.json, traces/)  "
                   f"total {wall['total']:.0f} s")

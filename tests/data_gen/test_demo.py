@@ -84,7 +84,7 @@ def test_demo_runs_every_stage_with_the_tiny_model(tmp_path, tiny_model_dir, mon
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["wall_s"]) == {"index", "data", "train", "eval", "serve", "total"}
     printed = console.export_text()
-    assert "format valid %" in printed and f"kair serve --config {out / 'serve.yaml'}" in printed
+    assert "valid %" in printed and "tuned" in printed and f"kair serve --config {out / 'serve.yaml'}" in printed
     assert "SMOKE-SCALE" in printed
 
     # A rerun with the same config reuses the student and every trace: nothing is trained or generated.
