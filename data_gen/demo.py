@@ -1,7 +1,7 @@
 """`kair demo`: the whole distillation on one CPU, from data to a served adapter.
 
     kair demo [--out runs/demo] [--train-steps N] [--max-steps 2] [--data DIR] [--config FILE]
-    kair demo --config configs/demo/benchmark-cpu.yaml     # the measured benchmark (~2 h on 2 cores)
+    kair demo --config configs/demo/benchmark-cpu.yaml     # the measured benchmark (~1.5 h on 2 cores)
 
 Data, by `data_dir`:
   - none (default): the embedded demo world (kair_runtime.demo_data: 16 train + 8 dev invented
