@@ -374,32 +374,13 @@ ALL = "all"  # the label of the rows pooling every dev set's questions
 MIN_CHUNK = 16  # questions appended to a traces file at a time (resume granularity), at least
 
 
-def run_one(make_method, questions: list[Question], path: Path, advance, chunk: int = MIN_CHUNK) -> list[Trace]:
-    """The questions not yet in `path` through make_method() (called only if some are left),
-    appended chunk by chunk; every question's trace back, in order."""
-    from kair_runtime.jsonl import JsonlWriter, recover
-
-    done = {r["question"]["id"]: Trace.from_dict(r) for r in recover(path)}
-    advance(sum(q.id in done for q in questions))
-    todo = [q for q in questions if q.id not in done]
-    if todo:
-        method = make_method()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with JsonlWriter(path) as w:
-            for i in range(0, len(todo), chunk):
-                traces = method.run(todo[i:i + chunk])
-                w.write(t.to_dict() for t in traces)
-                done.update((t.question.id, t) for t in traces)
-                advance(len(traces))
-    return [done[q.id] for q in questions]
-
-
 def evaluate(cfg: DemoConfig, dev: list[QuestionSet], retrievers: dict[str, Any], student: Path, out: Path,
              progress) -> list[dict[str, Any]]:
     """Every EVAL_RUNS entry on every dev set (traces in OUT/traces/<set>/), one summary row per
     (run, set), then, with several sets, one per run over all their questions pooled."""
     from eval.methods import MethodSettings, build_method
     from eval.report import summarize
+    from eval.run import resume_traces
     from kair_runtime.llm import build_llm
 
     settings = MethodSettings(loop=cfg.runtime.loop, vanilla_top_k=cfg.runtime.loop.top_k)
@@ -417,12 +398,11 @@ def evaluate(cfg: DemoConfig, dev: list[QuestionSet], retrievers: dict[str, Any]
         task = progress.add_task(f"eval {name}", total=sum(len(d.questions) for d in dev))
         all_traces, all_gold = [], {}
         for qs in dev:
-            traces = run_one(lambda qs=qs, method=method, tuned=tuned: build_method(
-                                 method, llm_for(tuned), retrievers[qs.label], settings),
-                             qs.questions, out / "traces" / qs.label / f"{name}.jsonl",
-                             lambda n, task=task: progress.advance(task, n),
-                             # a chunk fills whole batches: the loop batches only what it is given
-                             chunk=max(MIN_CHUNK, cfg.runtime.llm.batch_size))
+            traces = resume_traces(
+                lambda qs=qs, method=method, tuned=tuned: build_method(method, llm_for(tuned), retrievers[qs.label],
+                                                                       settings),
+                qs.questions, out / "traces" / qs.label / f"{name}.jsonl", lambda n, task=task: progress.advance(task, n),
+                max(MIN_CHUNK, cfg.runtime.llm.batch_size))  # whole batches: the loop batches what it is given
             rows.append(row(cfg, label, method, qs.label, summarize(traces, qs.gold)))
             all_traces += traces
             all_gold.update(qs.gold)

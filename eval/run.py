@@ -174,27 +174,40 @@ def run_eval(cfg: EvalConfig, run_dir: Path, progress: bool = True) -> list[dict
             for method, shuffle in runs:
                 label = method if shuffle is None else f"{method}@shuffle{shuffle}"
                 path = run_dir / tag / spec.label / label / "traces.jsonl"
-                done = {r["question"]["id"]: Trace.from_dict(r) for r in recover(path)}
-                todo = [q for q in questions if q.id not in done]
-                if todo:
+
+                def make_method(method=method, shuffle=shuffle, retriever=retriever, gold=gold):
+                    nonlocal llm
                     llm = llm or build_llm(dataclasses.replace(cfg.runtime.llm, adapter=adapter))
-                    m = build_method(method, llm, retriever, settings,
-                                     final_docs_fn(cfg.robustness, shuffle, gold))
-                    bar = tqdm(total=len(questions), initial=len(done), desc=f"{tag} {spec.label} {label}",
-                               disable=not progress, unit="q")
-                    with JsonlWriter(path) as out:
-                        for i in range(0, len(todo), cfg.chunk_size):
-                            chunk = m.run(todo[i:i + cfg.chunk_size])
-                            out.write(t.to_dict() for t in chunk)
-                            done.update((t.question.id, t) for t in chunk)
-                            bar.update(len(chunk))
-                    bar.close()
-                traces = [done[q.id] for q in questions]
+                    return build_method(method, llm, retriever, settings, final_docs_fn(cfg.robustness, shuffle, gold))
+
+                with tqdm(total=len(questions), desc=f"{tag} {spec.label} {label}", disable=not progress,
+                          unit="q") as bar:
+                    traces = resume_traces(make_method, questions, path, bar.update, cfg.chunk_size)
                 summary = summarize(traces, gold)
                 summary["skipped_malformed"] = len(skipped)  # not in n: they never became questions
                 rows.append({"model": tag, "dataset": spec.label, "method": label, "summary": summary})
     write_reports(rows, run_dir)
     return rows
+
+
+def resume_traces(make_method, questions: list[Question], path: Path, advance,
+                  chunk_size: int = 16) -> list[Trace]:
+    """Every question's trace, in order: those already in `path` (a torn last line is cut off),
+    the rest run through make_method() (called only if some are left) and appended chunk by
+    chunk, so an interrupted run loses at most one chunk. advance(n) reports progress."""
+    done = {r["question"]["id"]: Trace.from_dict(r) for r in recover(path)}
+    advance(sum(q.id in done for q in questions))
+    todo = [q for q in questions if q.id not in done]
+    if todo:
+        method = make_method()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with JsonlWriter(path) as out:
+            for i in range(0, len(todo), chunk_size):
+                chunk = method.run(todo[i:i + chunk_size])
+                out.write(t.to_dict() for t in chunk)
+                done.update((t.question.id, t) for t in chunk)
+                advance(len(chunk))
+    return [done[q.id] for q in questions]
 
 
 def gold_ids_for(questions: list[Question], corpus: Path) -> dict[str, set[str]]:
