@@ -78,6 +78,9 @@ class TrainSettings:
     max_length: int = 1024
     save_steps: int = 0  # > 0: a checkpoint and a validation loss every N steps
     seed: int = 0
+    # A checkpoint dir of an earlier run with the same data: its weights, optimizer, scheduler step
+    # and data position are restored and training goes on to `steps` (the schedule is over `steps`).
+    resume_from_checkpoint: str | None = None
 
 
 @dataclass
@@ -303,6 +306,11 @@ def train_yaml(cfg: DemoConfig, model_dir: str, out: Path, chat_template: str = 
     })
     if t.save_steps:
         settings.update(save_steps=t.save_steps, eval_steps=t.save_steps)
+    if t.resume_from_checkpoint:
+        if not (Path(t.resume_from_checkpoint) / "trainer_state.json").is_file():
+            raise ConfigError(f"train.resume_from_checkpoint: {t.resume_from_checkpoint} is not a trainer "
+                              "checkpoint (no trainer_state.json)")
+        settings["resume_from_checkpoint"] = t.resume_from_checkpoint
     return settings
 
 

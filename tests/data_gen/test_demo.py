@@ -143,3 +143,28 @@ def test_a_configured_teacher_adds_its_trajectories(tmp_path, tiny_model_dir, mo
     assert teacher_lines and sum(f.read_text().count("\n") for f in teacher_lines) == 16
     kept = [json.loads(line) for line in (out / "filtered" / "kept.jsonl").read_text().splitlines()]
     assert {k["extra"]["teacher"] for k in kept} >= {"annotations", "scripted"}
+
+
+def test_training_goes_on_from_an_earlier_runs_checkpoint(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    first = tiny_cfg(tmp_path, tiny_model_dir)
+    first.train = TrainSettings(steps=2, learning_rate=5e-3, save_steps=1)
+    run_demo(first, Console(record=True, width=160))
+    checkpoint = tmp_path / "demo" / "adapter" / "checkpoint-1"
+    assert (checkpoint / "trainer_state.json").is_file()
+
+    longer = tiny_cfg(tmp_path, tiny_model_dir)
+    longer.out_dir = str(tmp_path / "longer")
+    longer.train = TrainSettings(steps=3, learning_rate=5e-3, save_steps=1, resume_from_checkpoint=str(checkpoint))
+    info = run_demo(longer, Console(record=True, width=160))
+    assert yaml.safe_load((tmp_path / "longer" / "train.yaml").read_text())["resume_from_checkpoint"] == str(checkpoint)
+    state = json.loads((tmp_path / "longer" / "adapter" / "trainer_state.json").read_text())
+    # Steps 2 and 3 were trained here; step 1's log came with the checkpoint.
+    assert state["global_step"] == 3 and info["trained_this_run"]
+    assert [r["step"] for r in info["train_log"] if "loss" in r] == [1, 2, 3]
+    assert not (tmp_path / "longer" / "adapter" / "checkpoint-1").exists()
+
+    longer.train.resume_from_checkpoint = str(tmp_path / "demo" / "adapter")  # final weights, no optimizer state
+    (tmp_path / "demo" / "adapter" / "trainer_state.json").unlink()
+    with pytest.raises(ConfigError, match="not a trainer checkpoint"):
+        run_demo(longer, Console(record=True, width=160))
