@@ -307,9 +307,6 @@ def train_yaml(cfg: DemoConfig, model_dir: str, out: Path, chat_template: str = 
     if t.save_steps:
         settings.update(save_steps=t.save_steps, eval_steps=t.save_steps)
     if t.resume_from_checkpoint:
-        if not (Path(t.resume_from_checkpoint) / "trainer_state.json").is_file():
-            raise ConfigError(f"train.resume_from_checkpoint: {t.resume_from_checkpoint} is not a trainer "
-                              "checkpoint (no trainer_state.json)")
         settings["resume_from_checkpoint"] = t.resume_from_checkpoint
     return settings
 
@@ -562,6 +559,16 @@ TITLES = {"index": "retrievers over the corpora", "data": "trajectories -> filte
           "train": "SFT of the student", "eval": "evaluation on the dev questions", "serve": "serving"}
 
 
+def check_config(cfg: DemoConfig) -> None:
+    """The settings that would otherwise fail only at the training stage, after the index and data stages."""
+    t = cfg.train
+    if t.steps < 1:
+        raise ConfigError(f"train.steps must be >= 1, got {t.steps}")
+    if t.resume_from_checkpoint and not (Path(t.resume_from_checkpoint) / "trainer_state.json").is_file():
+        raise ConfigError(f"train.resume_from_checkpoint: {t.resume_from_checkpoint} is not a trainer "
+                          "checkpoint (no trainer_state.json)")
+
+
 def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
     """Run the five stages into cfg.out_dir; returns {"rows", "student", "data", "train_log", "wall_s", ...}."""
     from rich.console import Console
@@ -571,6 +578,7 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
     from eval.report import write_plots
     from kair_runtime.retrieval import build_retriever
 
+    check_config(cfg)
     console = console or Console()
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -647,8 +655,7 @@ def load_demo_config(config: str | None, overrides: list[str], **flags) -> DemoC
             "model": "runtime.llm.model", "dev_limit": "dev_limit"}
     apply_overrides(data, [f"{keys[k]}={v}" for k, v in flags.items() if v is not None])
     cfg = from_dict(DemoConfig, data)
-    if cfg.train.steps < 1:
-        raise ConfigError(f"train.steps must be >= 1, got {cfg.train.steps}")
+    check_config(cfg)
     return cfg
 
 

@@ -39,6 +39,10 @@ def test_flags_override_the_config(tmp_path):
     assert cfg.train.learning_rate == 5e-4 and cfg.runtime.llm.model == "smollm2-135m"
     with pytest.raises(ConfigError, match="train.stepz"):
         load_demo_config(None, ["train.stepz=3"])
+    with pytest.raises(ConfigError, match="train.steps must be >= 1"):
+        load_demo_config(None, [], train_steps=0)
+    with pytest.raises(ConfigError, match="not a trainer checkpoint"):
+        load_demo_config(None, [f"train.resume_from_checkpoint={tmp_path}"])
 
 
 def tiny_cfg(tmp_path, tiny_model_dir, **kw) -> DemoConfig:
@@ -166,5 +170,7 @@ def test_training_goes_on_from_an_earlier_runs_checkpoint(tmp_path, tiny_model_d
 
     longer.train.resume_from_checkpoint = str(tmp_path / "demo" / "adapter")  # final weights, no optimizer state
     (tmp_path / "demo" / "adapter" / "trainer_state.json").unlink()
+    longer.out_dir = str(tmp_path / "bad-resume")
     with pytest.raises(ConfigError, match="not a trainer checkpoint"):
         run_demo(longer, Console(record=True, width=160))
+    assert not (tmp_path / "bad-resume").exists()  # refused before the index and data stages ran
