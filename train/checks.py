@@ -7,6 +7,8 @@
   token, so the model learns to stop.
 - `check_zero3_gather`: a ZeRO-3 run must gather 16-bit weights on save.
 - `AdapterCheckCallback`: runs `check_adapter` on every checkpoint as it is written.
+- `ResumeCadenceCallback`: a resumed run logs, evaluates and saves at this run's steps, not the
+  checkpoint's (the Trainer restores them from trainer_state.json: transformers PR #36303).
 """
 
 from __future__ import annotations
@@ -74,6 +76,17 @@ class AdapterCheckCallback(TrainerCallback):
         if state.is_world_process_zero:
             report = check_adapter(Path(args.output_dir) / f"checkpoint-{state.global_step}")
             log.info("adapter check passed: %s", report)
+        return control
+
+
+class ResumeCadenceCallback(TrainerCallback):
+    """Re-applies this run's logging/eval/save steps after the Trainer restored a checkpoint's state.
+
+    Loading trainer_state.json on resume brings back the earlier run's cadence, so `--save_steps 50`
+    on a run resumed from a `save_steps 30` checkpoint would silently save every 30 steps."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        state.compute_steps(args, state.max_steps)
         return control
 
 

@@ -222,7 +222,7 @@ def build_trainer(script_args: KairSFTArguments, training_args, model_args):
     """The SFTTrainer with data loaded, checked and tokenized (labels built), ready to train."""
     from trl import SFTTrainer, get_peft_config, get_quantization_config
 
-    from train.checks import AdapterCheckCallback, check_assistant_labels, check_zero3_gather
+    from train.checks import AdapterCheckCallback, ResumeCadenceCallback, check_assistant_labels, check_zero3_gather
 
     check_zero3_gather(getattr(training_args, "deepspeed_plugin", None))
     if model_args.load_in_4bit or model_args.load_in_8bit:
@@ -235,7 +235,9 @@ def build_trainer(script_args: KairSFTArguments, training_args, model_args):
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = model_init_kwargs
     peft_config = get_peft_config(model_args)
-    callbacks = [AdapterCheckCallback()] if peft_config is not None and script_args.check_adapter else []
+    callbacks = [ResumeCadenceCallback()]
+    if peft_config is not None and script_args.check_adapter:
+        callbacks.append(AdapterCheckCallback())
 
     trainer = SFTTrainer(model=model_args.model_name_or_path, args=training_args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=tokenizer, peft_config=peft_config,

@@ -8,7 +8,7 @@ import json
 import pytest
 import typer
 from lexical import WordOverlap
-from sft_helpers import TINY_CONFIG, real_template
+from sft_helpers import TINY_CONFIG, real_template, tiny_args
 from typer.testing import CliRunner
 
 from kair_runtime.config import LLMConfig, LoopConfig
@@ -30,6 +30,22 @@ def test_loss_goes_down_and_validation_loss_is_logged(tiny_run):
     assert len(train_loss) == 10 and len(eval_loss) == 2  # logging every 2 steps, eval every 10
     assert train_loss[-1] < 0.9 * train_loss[0]
     assert eval_loss[-1] < eval_loss[0]
+
+
+def test_a_resumed_run_keeps_its_own_save_and_eval_steps(tiny_run, qwen_real_dir, sft_data_dir, tmp_path):
+    from train.sft import main
+
+    _, first = tiny_run  # saved and evaluated every 10 steps
+    args = tiny_args(qwen_real_dir, sft_data_dir, tmp_path, "--max_steps", "24", "--save_steps", "7",
+                     "--eval_steps", "7", "--logging_steps", "7", "--per_device_train_batch_size", "2",
+                     "--save_total_limit", "5", "--resume_from_checkpoint", str(first / "checkpoint-10"))
+    trainer = main(*args)
+    # Every 7 steps, then the final step; without the callback it would be every 10 (20, 24).
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-14", "checkpoint-21",
+                                                                     "checkpoint-24"]
+    evals = [e["step"] for e in trainer.state.log_history if "eval_loss" in e]
+    assert evals[:3] == [10, 14, 21]  # step 10's came with the checkpoint
+    assert trainer.state.global_step == 24
 
 
 def test_every_checkpoint_is_a_checked_adapter_with_the_models_own_template(tiny_run, qwen_real_dir):
