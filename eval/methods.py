@@ -189,7 +189,8 @@ class _Baseline:
 
     def sampling(self, max_tokens: int) -> SamplingParams:
         lc = self.settings.loop
-        return SamplingParams(temperature=lc.temperature, top_p=lc.top_p, max_tokens=max_tokens, seed=lc.seed)
+        return SamplingParams(temperature=lc.temperature, top_p=lc.top_p, max_tokens=max_tokens, seed=lc.seed,
+                              no_repeat_ngram=lc.no_repeat_ngram)
 
     def new_trace(self, q: Question) -> Trace:
         return Trace(question=q, method=self.name, index_format="", stop_reason="",

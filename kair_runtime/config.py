@@ -75,6 +75,9 @@ class LoopConfig:
     top_p: float = 1.0
     seed: int | None = None
     max_passage_words: int | None = None  # truncate passages in prompts; None keeps them whole
+    # n > 0: a reply may not repeat any n tokens of its own (the prompt is free to copy from); it
+    # breaks a small model's greedy loops. 0 = off. hf backend only (the others refuse it).
+    no_repeat_ngram: int = 0
     prompt_dir: str | None = None  # None: the packaged prompts
     system_prompt: str | None = None
     answer_mode: str = "answer"  # answer (docs + index) | answer_docs | answer_index

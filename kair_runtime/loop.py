@@ -59,9 +59,11 @@ class KairLoop:
         self.prompts = prompts or PromptSet.load(self.cfg.index_format, self.cfg.prompt_dir,
                                                  self.cfg.system_prompt, self.cfg.max_passage_words)
         self.step_sampling = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                                            max_tokens=self.cfg.step_max_tokens, seed=self.cfg.seed)
+                                            max_tokens=self.cfg.step_max_tokens, seed=self.cfg.seed,
+                                            no_repeat_ngram=self.cfg.no_repeat_ngram)
         self.answer_sampling = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                                              max_tokens=self.cfg.answer_max_tokens, seed=self.cfg.seed)
+                                              max_tokens=self.cfg.answer_max_tokens, seed=self.cfg.seed,
+                                              no_repeat_ngram=self.cfg.no_repeat_ngram)
 
     # ------------------------------------------------------------ public
 

@@ -15,6 +15,13 @@ class SamplingParams:
     max_tokens: int = 512
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # n > 0: no n-gram of tokens may occur twice in the completion (the prompt is not counted, so
+    # copying names from it stays free). A small student's greedy loops end here. hf backend only.
+    no_repeat_ngram: int = 0
+
+    def __post_init__(self) -> None:
+        if self.no_repeat_ngram < 0 or self.no_repeat_ngram == 1:
+            raise ValueError(f"no_repeat_ngram must be 0 (off) or at least 2, got {self.no_repeat_ngram}")
 
     @property
     def greedy(self) -> bool:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria,
-                          StoppingCriteriaList)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor,
+                          LogitsProcessorList, StoppingCriteria, StoppingCriteriaList)
 
 from kair_runtime.config import LLMConfig
 from kair_runtime.llm.base import BackendError, Completion, SamplingParams
@@ -105,11 +105,13 @@ class HFBackend:
             attention[row, width - len(ids):] = 1
         stopping = StoppingCriteriaList([_StopStrings(self.tokenizer, sampling.stop, width)]
                                         if sampling.stop else [])
+        processors = LogitsProcessorList([_CompletionNoRepeatNGram(sampling.no_repeat_ngram, width)]
+                                         if sampling.no_repeat_ngram else [])
         with torch.inference_mode():
             out = self.model.generate(input_ids=input_ids.to(self.device),
                                       attention_mask=attention.to(self.device),
                                       generation_config=self._generation_config(sampling),
-                                      stopping_criteria=stopping)
+                                      stopping_criteria=stopping, logits_processor=processors)
         return [self._finish(row, len(ids), sampling) for row, ids in zip(out[:, width:].tolist(), batch)]
 
     def _generation_config(self, s: SamplingParams) -> GenerationConfig:
@@ -150,6 +152,25 @@ class _StopStrings(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_width:], skip_special_tokens=True)
         return torch.tensor([_first_stop(t, self.stop) is not None for t in texts], device=input_ids.device)
+
+
+class _CompletionNoRepeatNGram(LogitsProcessor):
+    """Bans every token that would repeat an n-gram already in the row's completion. HF's own
+    no_repeat_ngram_size counts the prompt as well, which would forbid copying an entity name
+    from the retrieved documents a second time."""
+
+    def __init__(self, n: int, prompt_width: int):
+        self.n, self.prompt_width = n, prompt_width
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        gen = input_ids[:, self.prompt_width:]
+        if gen.shape[1] < self.n:
+            return scores
+        # Each earlier (n-1)-gram equal to the completion's last n-1 tokens bans the token after it.
+        windows = gen.unfold(1, self.n - 1, 1)  # (batch, len - n + 2, n - 1)
+        same = (windows[:, :-1] == windows[:, -1:]).all(dim=-1)
+        banned = torch.zeros_like(scores, dtype=torch.long).scatter_add_(1, gen[:, self.n - 1:], same.long())
+        return scores.masked_fill(banned > 0, float("-inf"))
 
 
 def _first_stop(text: str, stop: tuple[str, ...]) -> int | None:

@@ -50,6 +50,9 @@ class OpenAIBackend:
                    timeout_s=cfg.timeout_s, retries=cfg.retries)
 
     def generate(self, prompts: list[list[Message]], sampling: SamplingParams) -> list[Completion]:
+        if sampling.no_repeat_ngram:  # no OpenAI-compatible API has a completion-only n-gram ban
+            raise BackendError(f"{self.name}: loop.no_repeat_ngram is implemented by the hf backend only; "
+                               f"set it to 0 for an OpenAI-compatible server")
         if not prompts:
             return []
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(prompts))) as pool:

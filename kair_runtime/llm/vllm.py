@@ -50,6 +50,9 @@ class VLLMBackend:
         return cls(vllm.LLM(**kwargs), lora_request=lora, name=name)
 
     def generate(self, prompts: list[list[Message]], sampling: SamplingParams) -> list[Completion]:
+        if sampling.no_repeat_ngram:
+            raise BackendError(f"{self.name}: loop.no_repeat_ngram is implemented by the hf backend only; "
+                               f"set it to 0 for vllm")
         import vllm
 
         params = vllm.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,

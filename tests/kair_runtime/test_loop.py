@@ -140,3 +140,22 @@ def test_events_stream_steps_then_answer():
 ])
 def test_extract_answer(raw, expected):
     assert extract_answer(raw) == expected
+
+
+class SamplingLog(ScriptedLLM):
+    """The scripted LLM, keeping the sampling settings of every call."""
+
+    def __init__(self, respond):
+        super().__init__(respond)
+        self.seen = []
+
+    def generate(self, prompts, sampling):
+        self.seen.append(sampling)
+        return super().generate(prompts, sampling)
+
+
+def test_no_repeat_ngram_reaches_every_step_and_answer_call():
+    llm = SamplingLog(echo_kair)
+    KairLoop(llm, WordOverlap(), LoopConfig(max_steps=2, top_k=2, no_repeat_ngram=24)).run(QUESTIONS[:3])
+    assert {s.max_tokens for s in llm.seen} == {LoopConfig.step_max_tokens, LoopConfig.answer_max_tokens}
+    assert {s.no_repeat_ngram for s in llm.seen} == {24}

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kair_runtime.config import LLMConfig
 from kair_runtime.llm import LLM, BackendError, SamplingParams, build_llm
-from kair_runtime.llm.hf import HFBackend
+from kair_runtime.llm.hf import HFBackend, _CompletionNoRepeatNGram
 
 QUESTIONS = ["Hi", "Who founded the company that built airplanes?", "What is the capital of France?",
              "Numbers 1 2 3 4 5 6 7 8 9 10 100 1000",
@@ -98,6 +98,55 @@ def test_stop_strings_cut_the_text_and_count_tokens_to_the_stop(qwen):
     assert stop in qwen._decode(ids[:k]) and stop not in qwen._decode(ids[:k - 1])
     if stop not in full[1].text:  # the other row of the batch is untouched
         assert (cut[1].text, cut[1].completion_tokens) == (full[1].text, full[1].completion_tokens)
+
+
+def _repeats(ids: list[int], n: int) -> bool:
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+def _greedy_without_repeats(llm: HFBackend, messages, max_new: int, n: int) -> list[int]:
+    """Reference: unbatched greedy decoding, one forward pass per token, banning by hand each
+    token that would complete an n-gram the completion already holds."""
+    prompt, gen = llm.encode(messages), []
+    for _ in range(max_new):
+        with torch.no_grad():
+            logits = llm.model(torch.tensor([prompt + gen])).logits[0, -1]
+        for i in range(len(gen) - n + 1):
+            if gen[i:i + n - 1] == gen[len(gen) - n + 1:]:
+                logits[gen[i + n - 1]] = float("-inf")
+        gen.append(int(logits.argmax()))
+        if gen[-1] in llm.eos_ids:
+            break
+    return gen
+
+
+def test_no_repeat_ngram_matches_a_by_hand_greedy_decoder(qwen):
+    plain = [_raw_greedy(qwen, p, 64) for p in PROMPTS]
+    assert any(_repeats(ids, 2) for ids in plain)  # the premise: some rows repeat themselves
+    out = qwen.generate(PROMPTS, SamplingParams(max_tokens=64, no_repeat_ngram=2))  # chunks of 3, padded
+    ref = [_greedy_without_repeats(qwen, p, 64, 2) for p in PROMPTS]
+    assert [c.text for c in out] == [qwen._decode(r) for r in ref]
+    assert [c.completion_tokens for c in out] == [len(r) for r in ref]
+    assert not any(_repeats(r, 2) for r in ref)
+    assert [c.text for c in out] != [qwen._decode(ids) for ids in plain]
+
+
+def test_the_ngram_ban_counts_the_completion_only():
+    # Two left-padded rows after a prompt of width 4; n = 3: a row's last 2 tokens, seen earlier
+    # in its completion, ban what followed them there.
+    ids = torch.tensor([[7, 8, 9, 1, 1, 2, 3, 1, 2],    # completion 1 2 3 1 2: bans 3
+                        [0, 1, 2, 5, 6, 1, 2, 4, 4]])   # completion 6 1 2 4 4: prompt's "1 2 5" is free
+    scores = _CompletionNoRepeatNGram(3, prompt_width=4)(ids, torch.zeros(2, 10))
+    assert torch.isinf(scores[0]).nonzero().flatten().tolist() == [3]
+    assert not torch.isinf(scores[1]).any()
+    # Too short a completion to hold a repeat: nothing is banned.
+    assert not torch.isinf(_CompletionNoRepeatNGram(3, prompt_width=7)(ids, torch.zeros(2, 10))).any()
+
+
+def test_no_repeat_ngram_of_one_is_refused():
+    with pytest.raises(ValueError, match="no_repeat_ngram must be 0"):
+        SamplingParams(no_repeat_ngram=1)
 
 
 def test_seeded_sampling_is_reproducible_and_private(qwen):

@@ -95,3 +95,10 @@ def test_unreachable_server_is_a_clear_error():
 def test_base_url_is_required():
     with pytest.raises(BackendError, match="llm.base_url is required"):
         build_llm(LLMConfig(backend="openai"))
+
+
+def test_the_completion_ngram_ban_is_refused_before_any_request():
+    with OpenAITestServer() as server:
+        with pytest.raises(BackendError, match=r"no_repeat_ngram is implemented by the hf backend only"):
+            OpenAIBackend(server.base_url, "kair").generate([_chat("hi")], SamplingParams(no_repeat_ngram=8))
+    assert server.requests == []

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from kair_runtime.config import LLMConfig
-from kair_runtime.llm import BackendError, build_llm
+from kair_runtime.llm import BackendError, SamplingParams, build_llm
 
 
 def test_importing_the_module_does_not_import_vllm():
@@ -26,3 +26,10 @@ def test_without_vllm_from_config_says_how_to_install_it():
     with pytest.raises(BackendError, match=r"install the vllm extra in its own environment") as e:
         build_llm(LLMConfig(backend="vllm", model="smollm2-135m"))
     assert "kair[vllm]" in str(e.value)
+
+
+def test_the_completion_ngram_ban_is_refused_not_ignored():
+    from kair_runtime.llm.vllm import VLLMBackend
+
+    with pytest.raises(BackendError, match=r"no_repeat_ngram is implemented by the hf backend only"):
+        VLLMBackend(llm=None).generate([[{"role": "user", "content": "hi"}]], SamplingParams(no_repeat_ngram=8))
