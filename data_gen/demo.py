@@ -83,6 +83,12 @@ class TrainSettings:
     resume_from_checkpoint: str | None = None
 
 
+# The runs stage 4 can compare, by name: (row label, method, tuned student?)
+EVAL_RUNS: dict[str, tuple[str, str, bool]] = {"prompted-kair": ("prompted", "kair", False),
+                                               "prompted-vanilla": ("prompted", "vanilla", False),
+                                               "tuned-kair": ("tuned", "kair", True)}
+
+
 @dataclass
 class DemoConfig:
     runtime: RuntimeConfig = field(default_factory=_smoke_runtime)  # llm.model is the student
@@ -95,6 +101,9 @@ class DemoConfig:
     train: TrainSettings = field(default_factory=TrainSettings)
     validation_fraction: float = 0.1  # of the train questions, held out for the SFT validation split
     dev_limit: int | None = None  # the first N questions of each dev set (None: all)
+    # Which EVAL_RUNS stage 4 runs; e.g. [tuned-kair] to measure the student alone (after a change to
+    # the loop settings, in a new out_dir: OUT/traces/ refuses to resume under other settings).
+    eval_runs: list[str] = field(default_factory=lambda: list(EVAL_RUNS))
 
 
 # ---------------------------------------------------------------- the demo's gold chains
@@ -373,15 +382,13 @@ def tuned_llm(cfg: DemoConfig, student: Path) -> LLMConfig:
 # ---------------------------------------------------------------- stage 4: evaluation
 
 
-# Which runs stage 4 compares: (row label, method, tuned student?)
-EVAL_RUNS = (("prompted", "kair", False), ("prompted", "vanilla", False), ("tuned", "kair", True))
 ALL = "all"  # the label of the rows pooling every dev set's questions
 MIN_CHUNK = 16  # questions appended to a traces file at a time (resume granularity), at least
 
 
 def evaluate(cfg: DemoConfig, dev: list[QuestionSet], retrievers: dict[str, Any], student: Path, out: Path,
              progress) -> list[dict[str, Any]]:
-    """Every EVAL_RUNS entry on every dev set (traces in OUT/traces/<set>/), one summary row per
+    """Every cfg.eval_runs entry on every dev set (traces in OUT/traces/<set>/), one summary row per
     (run, set), then, with several sets, one per run over all their questions pooled."""
     from eval.methods import MethodSettings, build_method
     from eval.report import summarize
@@ -398,7 +405,7 @@ def evaluate(cfg: DemoConfig, dev: list[QuestionSet], retrievers: dict[str, Any]
         return llms[tuned]
 
     rows, pooled = [], []
-    for label, method, tuned in EVAL_RUNS:
+    for label, method, tuned in (EVAL_RUNS[name] for name in EVAL_RUNS if name in cfg.eval_runs):
         name = f"{label}-{method}"
         task = progress.add_task(f"eval {name}", total=sum(len(d.questions) for d in dev))
         all_traces, all_gold = [], {}
@@ -561,12 +568,43 @@ TITLES = {"index": "retrievers over the corpora", "data": "trajectories -> filte
 
 def check_config(cfg: DemoConfig) -> None:
     """The settings that would otherwise fail only at the training stage, after the index and data stages."""
+    unknown = [name for name in cfg.eval_runs if name not in EVAL_RUNS]
+    if unknown or not cfg.eval_runs:
+        raise ConfigError(f"eval_runs: {unknown or 'empty'}; choose among {', '.join(EVAL_RUNS)}")
     t = cfg.train
     if t.steps < 1:
         raise ConfigError(f"train.steps must be >= 1, got {t.steps}")
     if t.resume_from_checkpoint and not (Path(t.resume_from_checkpoint) / "trainer_state.json").is_file():
         raise ConfigError(f"train.resume_from_checkpoint: {t.resume_from_checkpoint} is not a trainer "
                           "checkpoint (no trainer_state.json)")
+
+
+# Settings that may change between runs into one out_dir without invalidating its traces
+# (greedy batched decoding equals one at a time, tests/kair_runtime/llm).
+TRACE_NEUTRAL = ("out_dir", "dev_limit", "dev_sets", "eval_runs", "runtime.llm.batch_size", "runtime.loop.round_size")
+
+
+def claim_traces(cfg: DemoConfig, out: Path) -> None:
+    """OUT/traces/ belongs to the settings that made it: resuming them under another loop, model or
+    training setting would mix two runs in one table, so that is an error, not a resume."""
+    path = out / "traces" / "settings.yaml"
+    settings = to_dict(cfg)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(settings, sort_keys=False), encoding="utf-8")
+        return
+    old = yaml.safe_load(path.read_text(encoding="utf-8"))
+    changed = sorted(k for k in _changed_keys(old, settings)
+                     if not any(k == n or k.startswith(n + ".") for n in TRACE_NEUTRAL))
+    if changed:
+        raise ConfigError(f"{out / 'traces'} holds traces made with other settings (differs in: {', '.join(changed)}); "
+                          "use another --out, or delete that folder to regenerate them")
+
+
+def _changed_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [k for key in set(a) | set(b) for k in _changed_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
+    return [] if a == b else [prefix.rstrip(".")]
 
 
 def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
@@ -582,6 +620,7 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
     console = console or Console()
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    claim_traces(cfg, out)
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
     wall: dict[str, float] = {}
     started = last = time.perf_counter()

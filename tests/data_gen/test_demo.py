@@ -4,6 +4,7 @@ quality, only that every stage ran and left its files."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -43,6 +44,11 @@ def test_flags_override_the_config(tmp_path):
         load_demo_config(None, [], train_steps=0)
     with pytest.raises(ConfigError, match="not a trainer checkpoint"):
         load_demo_config(None, [f"train.resume_from_checkpoint={tmp_path}"])
+    assert load_demo_config(None, ["eval_runs=[tuned-kair]"]).eval_runs == ["tuned-kair"]
+    with pytest.raises(ConfigError, match="eval_runs: \\['tuned'\\]; choose among prompted-kair, prompted-vanilla"):
+        load_demo_config(None, ["eval_runs=[tuned]"])
+    with pytest.raises(ConfigError, match="eval_runs: empty"):
+        load_demo_config(None, ["eval_runs=[]"])
 
 
 def tiny_cfg(tmp_path, tiny_model_dir, **kw) -> DemoConfig:
@@ -96,6 +102,15 @@ def test_demo_runs_every_stage_with_the_tiny_model(tmp_path, tiny_model_dir, mon
     assert not again["trained_this_run"]
     assert [r["summary"]["f1"] for r in again["rows"]] == [r["summary"]["f1"] for r in info["rows"]]
     assert (out / "traces" / "demo-dev" / "tuned-kair.jsonl").read_text().count("\n") == 2
+    # eval_runs picks the comparisons: the tuned row alone, the same figures.
+    only = run_demo(dataclasses.replace(cfg, eval_runs=["tuned-kair"]), Console(record=True, width=160))
+    assert [(r["model"].split()[-1], r["method"]) for r in only["rows"]] == [("(tuned)", "kair")]
+    assert only["rows"][0]["summary"] == info["rows"][2]["summary"]
+    # Other loop settings would make other traces: resuming these is refused before any stage runs.
+    changed = dataclasses.replace(cfg, runtime=dataclasses.replace(
+        cfg.runtime, loop=dataclasses.replace(cfg.runtime.loop, step_max_tokens=7, no_repeat_ngram=24)))
+    with pytest.raises(ConfigError, match=r"differs in: runtime.loop.no_repeat_ngram, runtime.loop.step_max_tokens"):
+        run_demo(changed, Console(record=True, width=160))
 
 
 BENCH_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
