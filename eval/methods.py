@@ -27,7 +27,7 @@ from typing import Callable, Protocol
 
 from kair_runtime.config import LoopConfig
 from kair_runtime.index import empty_index
-from kair_runtime.llm.base import LLM, Completion, SamplingParams
+from kair_runtime.llm.base import LLM, Completion, SamplingParams, check_no_repeat_ngram
 from kair_runtime.loop import FinalDocsFn, KairLoop, extract_answer, generate_isolated
 from kair_runtime.parser import parse_step_output
 from kair_runtime.prompts import PromptSet
@@ -69,6 +69,7 @@ def build_method(name: str, llm: LLM, retriever: Retriever, settings: MethodSett
                  final_docs: FinalDocsFn | None = None) -> Method:
     if name not in METHODS:
         raise KeyError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
+    check_no_repeat_ngram(llm, settings.loop.no_repeat_ngram)
     return METHODS[name](llm, retriever, settings, final_docs)
 
 

@@ -25,7 +25,7 @@ from typing import Callable
 
 from kair_runtime.config import LoopConfig
 from kair_runtime.index import empty_index
-from kair_runtime.llm.base import LLM, Completion, SamplingParams
+from kair_runtime.llm.base import LLM, Completion, SamplingParams, check_no_repeat_ngram
 from kair_runtime.parser import parse_step_output
 from kair_runtime.prompts import PromptSet
 from kair_runtime.records import FALLBACK_RETRIEVAL_EMPTY, Message, Question, ScoredPassage, Step, Trace
@@ -56,6 +56,7 @@ class KairLoop:
         # Reorders the answer prompt's documents (eval's shuffle and gold-position studies).
         self.final_docs = final_docs
         self.cfg = config or LoopConfig()
+        check_no_repeat_ngram(llm, self.cfg.no_repeat_ngram)
         self.prompts = prompts or PromptSet.load(self.cfg.index_format, self.cfg.prompt_dir,
                                                  self.cfg.system_prompt, self.cfg.max_passage_words)
         self.step_sampling = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,

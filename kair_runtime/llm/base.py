@@ -49,3 +49,11 @@ class LLM(Protocol):
 
 class BackendError(RuntimeError):
     """A backend could not produce a completion (unreachable server, OOM, bad adapter path...)."""
+
+
+def check_no_repeat_ngram(llm: LLM, n: int) -> None:
+    """Fail before a run, not once per question: only backends that set `bans_repeated_ngrams`
+    (hf) can honour loop.no_repeat_ngram."""
+    if n and not getattr(llm, "bans_repeated_ngrams", False):
+        raise BackendError(f"loop.no_repeat_ngram={n}: {getattr(llm, 'name', type(llm).__name__)} cannot ban "
+                           "repeated n-grams of a completion; use backend: hf or set it to 0")

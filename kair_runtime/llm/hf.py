@@ -32,6 +32,8 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
 
 
 class HFBackend:
+    bans_repeated_ngrams = True  # SamplingParams.no_repeat_ngram (see _CompletionNoRepeatNGram)
+
     def __init__(self, model, tokenizer, *, batch_size: int = 8, max_context: int | None = None,
                  name: str = "hf"):
         """`model` is a causal LM (or PeftModel) already on its device; `tokenizer` has a chat

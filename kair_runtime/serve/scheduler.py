@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kair_runtime.config import LoopConfig
-from kair_runtime.llm.base import LLM
+from kair_runtime.llm.base import LLM, check_no_repeat_ngram
 from kair_runtime.loop import KairLoop, QuestionState
 from kair_runtime.records import Question, Step, Trace
 from kair_runtime.retrieval.base import Retriever
@@ -89,6 +89,7 @@ class SchedulerStats:
 class Scheduler:
     def __init__(self, llm: LLM, retriever: Retriever, base: LoopConfig, *, max_batch: int = 64,
                  batch_wait_ms: float = 5.0, max_queue: int = 1024):
+        check_no_repeat_ngram(llm, base.no_repeat_ngram)  # at startup: loops are built per request later
         self.llm = llm
         self.retriever = retriever
         self.base = base

@@ -96,3 +96,11 @@ def test_backend_failure_is_recorded_not_dropped(word_overlap):
 def test_answer_after_marker():
     assert answer_after_marker("x. So the answer is: Paris.") == "Paris"
     assert answer_after_marker("no marker here") is None
+
+
+@pytest.mark.parametrize("name", ["kair", "vanilla"])
+def test_no_repeat_ngram_on_a_backend_without_it_fails_when_the_method_is_built(name, word_overlap):
+    from kair_runtime.llm.base import BackendError
+
+    with pytest.raises(BackendError, match="cannot ban repeated n-grams"):
+        build_method(name, ScriptedLLM(echo_kair), word_overlap, MethodSettings(loop=LoopConfig(no_repeat_ngram=24)))

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from kair_runtime.config import LoopConfig
+from kair_runtime.llm.base import BackendError
 from kair_runtime.llm.scripted import ScriptedLLM, echo_kair
 from kair_runtime.loop import KairLoop, extract_answer
 from kair_runtime.records import Question, Trace
@@ -145,6 +146,8 @@ def test_extract_answer(raw, expected):
 class SamplingLog(ScriptedLLM):
     """The scripted LLM, keeping the sampling settings of every call."""
 
+    bans_repeated_ngrams = True  # its replies are scripted: there is nothing to ban, only settings to pass on
+
     def __init__(self, respond):
         super().__init__(respond)
         self.seen = []
@@ -159,3 +162,8 @@ def test_no_repeat_ngram_reaches_every_step_and_answer_call():
     KairLoop(llm, WordOverlap(), LoopConfig(max_steps=2, top_k=2, no_repeat_ngram=24)).run(QUESTIONS[:3])
     assert {s.max_tokens for s in llm.seen} == {LoopConfig.step_max_tokens, LoopConfig.answer_max_tokens}
     assert {s.no_repeat_ngram for s in llm.seen} == {24}
+
+
+def test_no_repeat_ngram_on_a_backend_that_cannot_ban_fails_before_any_question():
+    with pytest.raises(BackendError, match="scripted cannot ban repeated n-grams"):
+        KairLoop(ScriptedLLM(echo_kair), WordOverlap(), LoopConfig(no_repeat_ngram=24))

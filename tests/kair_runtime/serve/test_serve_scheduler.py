@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from serve_helpers import GatedLLM, insufficient_kair
 from kair_runtime.config import LoopConfig
 from kair_runtime.llm.scripted import ScriptedLLM, echo_kair
@@ -126,3 +128,10 @@ def test_close_answers_everything_left_with_an_error():
     assert a.done.is_set() and b.done.is_set()
     assert a.trace.error == b.trace.error == "server shutting down"
     assert not sched.running
+
+
+def test_a_loop_setting_the_backend_cannot_honour_fails_at_startup():
+    from kair_runtime.llm.base import BackendError
+
+    with pytest.raises(BackendError, match="cannot ban repeated n-grams"):
+        Scheduler(ScriptedLLM(echo_kair), WordOverlap(), LoopConfig(no_repeat_ngram=24))
