@@ -9,6 +9,9 @@
 - `AdapterCheckCallback`: runs `check_adapter` on every checkpoint as it is written.
 - `ResumeCadenceCallback`: a resumed run logs, evaluates and saves at this run's steps, not the
   checkpoint's (the Trainer restores them from trainer_state.json: transformers PR #36303).
+- `Zero3ShardReportCallback`: under ZeRO-3, logs how much of the model each rank really holds. A
+  parameter under DeepSpeed's persistence threshold stays whole on every rank, so a ZeRO-3 run
+  can shard nothing at all (a small model under DeepSpeed's default threshold does exactly that).
 """
 
 from __future__ import annotations
@@ -51,8 +54,8 @@ def check_adapter(path: str | Path) -> AdapterReport:
     if empty:
         raise AdapterCheckError(
             f"{file}: {len(empty)} of {len(tensors)} tensors are empty (e.g. {empty[0]}). Under DeepSpeed "
-            "ZeRO-3 this means the weights were saved without gathering: set zero3_save_16bit_model: true "
-            "(stage3_gather_16bit_weights_on_model_save) in the accelerate config")
+            "ZeRO-3 this means the weights were saved without gathering: set stage3_gather_16bit_weights_on_model_save: "
+            "true in the DeepSpeed config (zero3_save_16bit_model: true in an accelerate config without a JSON)")
     bad = sorted(k for k, t in tensors.items() if not t.float().isfinite().all())
     if bad:
         raise AdapterCheckError(f"{file}: non-finite values in {len(bad)} tensors (e.g. {bad[0]}): training diverged")
@@ -121,6 +124,58 @@ def check_assistant_labels(dataset, eot_id: int, sample: int = 256) -> tuple[int
     return checked, cut
 
 
+@dataclass
+class Zero3ShardReport:
+    rank: int
+    world_size: int
+    held: int  # parameter elements this rank holds between steps
+    total: int  # parameter elements of the whole model
+    sharded: int  # tensors of which this rank holds only its partition
+    tensors: int
+    lora_sharded: int
+    lora_tensors: int
+
+    def __str__(self) -> str:
+        return (f"ZeRO-3 rank {self.rank} of {self.world_size}: holds {self.held} of {self.total} parameter "
+                f"elements; {self.sharded} of {self.tensors} tensors sharded, LoRA {self.lora_sharded} of "
+                f"{self.lora_tensors}")
+
+
+def zero3_shard_report(model, rank: int, world_size: int) -> Zero3ShardReport:
+    """What this rank holds of a ZeRO-3 model outside a forward pass. DeepSpeed frees a sharded
+    parameter's full data after use (`param.data` is empty) and keeps its partition in
+    `param.ds_tensor`; a persistent one (`ds_persist`, under stage3_param_persistence_threshold)
+    keeps its full data on every rank."""
+    held = total = sharded = tensors = lora_sharded = lora_tensors = 0
+    for name, p in model.named_parameters():
+        if not hasattr(p, "ds_numel"):
+            raise AdapterCheckError(f"{name} is not a ZeRO-3 parameter: the model was not partitioned")
+        is_sharded = not p.ds_persist and p.data.numel() == 0 and p.ds_tensor.numel() < p.ds_numel
+        held += p.ds_tensor.numel() if is_sharded else p.ds_numel
+        total += p.ds_numel
+        tensors += 1
+        sharded += is_sharded
+        if "lora_" in name:
+            lora_tensors += 1
+            lora_sharded += is_sharded
+    return Zero3ShardReport(rank, world_size, held, total, sharded, tensors, lora_sharded, lora_tensors)
+
+
+class Zero3ShardReportCallback(TrainerCallback):
+    """Logs `zero3_shard_report` on every rank after this run's first optimizer step: by then
+    DeepSpeed has partitioned the adapter too (it does so when the engine is built, after the
+    base model was loaded already sharded under zero.Init)."""
+
+    def __init__(self):
+        self.reported = False
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if not self.reported:
+            self.reported = True
+            log.info("%s", zero3_shard_report(model, args.process_index, args.world_size))
+        return control
+
+
 def check_zero3_gather(plugin) -> None:
     """ZeRO-3 keeps each weight sharded across ranks; unless 16-bit weights are gathered on save,
     the saved adapter holds empty placeholders. Fail before training, not after. `plugin` is
@@ -130,4 +185,5 @@ def check_zero3_gather(plugin) -> None:
     zero = (plugin.deepspeed_config or {}).get("zero_optimization", {})
     if not zero.get("stage3_gather_16bit_weights_on_model_save"):
         raise AdapterCheckError("DeepSpeed ZeRO-3 without stage3_gather_16bit_weights_on_model_save would save "
-                                "an empty adapter; set zero3_save_16bit_model: true in the accelerate config")
+                                "an empty adapter; set it true in the DeepSpeed JSON (deepspeed_zero3.json), or "
+                                "zero3_save_16bit_model: true in an accelerate config without one")

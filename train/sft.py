@@ -183,12 +183,34 @@ def load_sft_splits(args: KairSFTArguments, need_eval: bool):
 
 # ---------------------------------------------------------------- model pieces
 
-def require_bitsandbytes() -> None:
-    """4-bit loading needs bitsandbytes (the `gpu` extra): imported here and only for QLoRA."""
+def require_bitsandbytes():
+    """4-bit loading needs bitsandbytes (the `gpu` extra): imported here and only for QLoRA.
+    Returns the module."""
     try:
-        importlib.import_module("bitsandbytes")
+        return importlib.import_module("bitsandbytes")
     except ImportError as e:
         raise ImportError("load_in_4bit needs bitsandbytes and a CUDA GPU: pip install -e '.[gpu]'") from e
+
+
+def disable_bnb_cpu_repack(model, bnb) -> int:
+    """Keep bitsandbytes' 4-bit CPU weights in their training layout through evaluation; returns
+    how many layers were changed.
+
+    On a CPU with AVX512-BF16, bitsandbytes (0.50) repacks a Linear4bit weight in place into a CPU
+    inference layout the first time the layer runs in eval mode without grad, and packs it back
+    only when the state dict is saved. A training step after an evaluation with no save in between
+    then runs on the inference layout, through matmul_4bit's inference-only gemv path, and crashes
+    ("a view of a leaf Variable that requires grad is being used in an in-place operation", on the
+    bias add). The repack is keyed on the layer's `support_avx512bf16_for_cpu`; with it off,
+    evaluation uses the same dequantize-and-matmul path as training. Only layers on CPU are
+    touched: the repack never happens on a GPU, so GPU runs are unchanged."""
+    changed = 0
+    for module in model.modules():
+        if (isinstance(module, bnb.nn.Linear4bit) and module.weight.device.type == "cpu"
+                and getattr(module, "support_avx512bf16_for_cpu", False)):
+            module.support_avx512bf16_for_cpu = False
+            changed += 1
+    return changed
 
 
 def prepare_tokenizer(script_args: KairSFTArguments, training_args, model_args, train_dataset):
@@ -222,11 +244,12 @@ def build_trainer(script_args: KairSFTArguments, training_args, model_args):
     """The SFTTrainer with data loaded, checked and tokenized (labels built), ready to train."""
     from trl import SFTTrainer, get_peft_config, get_quantization_config
 
-    from train.checks import AdapterCheckCallback, ResumeCadenceCallback, check_assistant_labels, check_zero3_gather
+    from train.checks import (AdapterCheckCallback, ResumeCadenceCallback, Zero3ShardReportCallback,
+                              check_assistant_labels, check_zero3_gather)
 
-    check_zero3_gather(getattr(training_args, "deepspeed_plugin", None))
-    if model_args.load_in_4bit or model_args.load_in_8bit:
-        require_bitsandbytes()
+    deepspeed_plugin = getattr(training_args, "deepspeed_plugin", None)
+    check_zero3_gather(deepspeed_plugin)
+    bnb = require_bitsandbytes() if model_args.load_in_4bit or model_args.load_in_8bit else None
     train_dataset, eval_dataset = load_sft_splits(script_args, need_eval=training_args.eval_strategy != "no")
     tokenizer, own_template, eot = prepare_tokenizer(script_args, training_args, model_args, train_dataset)
 
@@ -238,10 +261,17 @@ def build_trainer(script_args: KairSFTArguments, training_args, model_args):
     callbacks = [ResumeCadenceCallback()]
     if peft_config is not None and script_args.check_adapter:
         callbacks.append(AdapterCheckCallback())
+    if deepspeed_plugin is not None and deepspeed_plugin.zero_stage == 3:
+        callbacks.append(Zero3ShardReportCallback())
 
     trainer = SFTTrainer(model=model_args.model_name_or_path, args=training_args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=tokenizer, peft_config=peft_config,
                          quantization_config=get_quantization_config(model_args), callbacks=callbacks)
+    if model_args.load_in_4bit:
+        changed = disable_bnb_cpu_repack(trainer.model, bnb)
+        if changed:
+            log.info("bitsandbytes: CPU inference repacking off on %d 4-bit layers (see disable_bnb_cpu_repack)",
+                     changed)
     if training_args.assistant_only_loss:
         check_assistant_labels(trainer.train_dataset, eot)
     # The data is tokenized now; checkpoints carry the model's own template, so the runtime, vLLM
@@ -266,6 +296,9 @@ def main(script_args: KairSFTArguments, training_args, model_args):
 
 
 def run(argv: list[str] | None = None):
+    # The script's own reports (adapter checks, ZeRO-3 shards) are INFO; other libraries stay at WARNING.
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("train").setLevel(logging.INFO)
     script_args, training_args, model_args = parse_args(argv)
     trainer = main(script_args, training_args, model_args)
     if hasattr(trainer, "end"):  # transformers >= 5.18: finish trackers, destroy the process group

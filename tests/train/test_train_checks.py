@@ -3,6 +3,8 @@ passes a trained one, and stops a training run whose checkpoint holds an untrain
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import yaml
@@ -58,9 +60,16 @@ def test_missing_or_tensorless_adapter_is_refused(tmp_path):
 
 
 def _plugin(path, **override):
+    """accelerate's DeepSpeedPlugin as an `accelerate launch` of this config builds it: from the
+    DeepSpeed JSON it names, or from its deepspeed_config keys."""
     from accelerate.utils import DeepSpeedPlugin
 
-    ds = yaml.safe_load(path.read_text())["deepspeed_config"] | override
+    ds = yaml.safe_load(path.read_text())["deepspeed_config"]
+    if "deepspeed_config_file" in ds:
+        config = json.loads((ROOT / ds["deepspeed_config_file"]).read_text())
+        config["zero_optimization"].update(override)
+        return DeepSpeedPlugin(hf_ds_config=config)
+    ds = ds | override
     ds.pop("deepspeed_multinode_launcher")  # a launcher setting, not the plugin's
     return DeepSpeedPlugin(**ds)
 
@@ -71,7 +80,7 @@ def test_zero3_config_gathers_weights_and_a_config_that_does_not_is_refused():
     check_zero3_gather(_plugin(ROOT / "configs" / "accelerate" / "deepspeed_zero2.yaml"))
     check_zero3_gather(None)
     with pytest.raises(AdapterCheckError, match="stage3_gather_16bit_weights_on_model_save"):
-        check_zero3_gather(_plugin(zero3, zero3_save_16bit_model=False))
+        check_zero3_gather(_plugin(zero3, stage3_gather_16bit_weights_on_model_save=False))
 
 
 def test_a_run_that_saves_an_untrained_adapter_fails_at_the_checkpoint(qwen_real_dir, sft_data_dir, tmp_path):
