@@ -20,6 +20,12 @@ kair train --config configs/train/qwen2.5-7b-qlora.yaml
 kair train --config configs/train/qwen2.5-7b-lora.yaml --accelerate-config configs/accelerate/deepspeed_zero2.yaml
 ```
 
+# Two CPU processes (gloo): DDP, and DeepSpeed ZeRO-2/3 (tests/train/test_train_distributed.py)
+```bash
+accelerate launch --config_file configs/accelerate/cpu_multi.yaml train/sft.py --config configs/train/tiny-cpu.yaml --per_device_train_batch_size 2
+accelerate launch --config_file configs/accelerate/deepspeed_zero3.yaml --num_processes 2 train/sft.py --config configs/train/tiny-cpu.yaml --per_device_train_batch_size 2
+```
+
 Any key of the YAML can be overridden by a flag of the same name (`--learning_rate 1e-4`); an
 unknown key in the YAML is an error. The arguments are three dataclasses: `KairSFTArguments`
 (data and template, below), TRL's `SFTConfig` (training) and TRL's `ModelConfig` (model, LoRA,
@@ -31,6 +37,10 @@ assistant turn to learn. The loss covers assistant turns only, their end-of-turn
 (see train/templates.py). Every checkpoint directory holds the adapter in PEFT format plus the
 tokenizer, so it is directly usable as `--adapter` by the runtime, and each is checked to hold
 trained, non-empty weights as it is written (train/checks.py).
+
+Precision (bf16/fp16), batch sizes, gradient accumulation and clipping are this config's under
+every launcher: no configs/accelerate/ file sets a mixed precision, and the DeepSpeed ones leave those
+values "auto" for the Trainer to fill. Under ZeRO-3 each rank logs how much of the model it holds.
 """
 
 from __future__ import annotations

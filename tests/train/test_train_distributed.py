@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sft_helpers import ROOT
+from sft_helpers import ROOT, tiny_args
 
 from train.checks import check_adapter
 
@@ -180,3 +180,20 @@ def test_qlora_trains_on_after_an_evaluation_between_saves(tiny, tmp_path):
     check_adapter(tmp_path)
     if has_avx512bf16():  # the CPUs where the repack, and so the crash, happens
         assert "CPU inference repacking off on 14 4-bit layers" in output
+
+
+def test_without_the_workaround_bitsandbytes_still_breaks_training_after_an_evaluation(tiny, tmp_path, monkeypatch):
+    """Why disable_bnb_cpu_repack exists; when this fails, bitsandbytes has fixed its CPU repack
+    and the workaround can go. In process: the same run as above with the workaround taken out."""
+    from bitsandbytes.functional import has_avx512bf16
+
+    import train.sft
+
+    if not has_avx512bf16():
+        pytest.skip("bitsandbytes repacks 4-bit CPU weights only on CPUs with AVX512-BF16")
+    monkeypatch.setattr(train.sft, "disable_bnb_cpu_repack", lambda model, bnb: 0)
+    args = tiny_args(tiny["model"], tiny["sft"], tmp_path, "--max_steps", "3", "--eval_steps", "2",
+                     "--save_steps", "4", "--load_in_4bit", "true", "--bnb_4bit_quant_type", "nf4",
+                     "--use_bnb_nested_quant", "true", "--disable_tqdm", "true")
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad is being used in an in-place"):
+        train.sft.main(*args)
