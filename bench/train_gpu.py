@@ -158,7 +158,7 @@ def worker(args) -> None:
     out = Path(args.out_dir) / ("packed" if args.packing else "unpacked")
     training_args = SFTConfig(
         output_dir=str(out), max_steps=args.steps, per_device_train_batch_size=batch, gradient_accumulation_steps=1,
-        learning_rate=2e-4, lr_scheduler_type="constant", warmup_steps=0, bf16=True, activation_checkpointing=True,
+        learning_rate=2e-4, lr_scheduler_type="constant", warmup_steps=0, bf16=True, gradient_checkpointing=True,
         max_length=MAX_LENGTH, assistant_only_loss=True, packing=args.packing, packing_strategy="bfd",
         logging_steps=10, eval_strategy="no", save_strategy="no", report_to="none", seed=0,
         dataloader_num_workers=0, disable_tqdm=True)

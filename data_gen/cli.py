@@ -26,6 +26,7 @@ from data_gen.store import read_trajectories
 from data_gen.teacher import GenerateConfig, generate
 from kair_runtime.config import ConfigError, apply_overrides, from_dict, read_yaml
 from kair_runtime.jsonl import JsonlError
+from kair_runtime.llm.base import BackendError
 
 T = TypeVar("T")
 
@@ -34,7 +35,7 @@ datagen_app = typer.Typer(help="Distillation data: teacher trajectories, filteri
 
 CONFIG = typer.Option(None, "--config", "-c", help="A configs/datagen/*.yaml file.")
 SET = typer.Option([], "--set", help="Override a config key: --set runtime.loop.max_steps=3")
-USER_ERRORS = (ConfigError, KeyError, FileNotFoundError, ValueError, JsonlError, SFTError)
+USER_ERRORS = (ConfigError, KeyError, FileNotFoundError, ValueError, JsonlError, SFTError, BackendError)
 
 
 def load(cls: type[T], config: str | None, overrides: list[str], flags: dict[str, Any]) -> T:

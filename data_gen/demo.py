@@ -309,7 +309,7 @@ def train_yaml(cfg: DemoConfig, model_dir: str, out: Path, chat_template: str = 
         "max_steps": t.steps, "per_device_train_batch_size": t.batch_size, "gradient_accumulation_steps": 1,
         "learning_rate": t.learning_rate, "lr_scheduler_type": t.lr_scheduler_type, "warmup_steps": t.warmup_steps,
         "max_length": t.max_length, "assistant_only_loss": True, "packing": False,
-        "logging_steps": max(1, min(5, t.steps // 6)), "activation_checkpointing": False,
+        "logging_steps": max(1, min(5, t.steps // 6)), "gradient_checkpointing": False,
         "eval_strategy": "steps" if t.save_steps else "no", "save_strategy": "steps" if t.save_steps else "no",
         "report_to": "none", "dataloader_num_workers": 0, "disable_tqdm": False,
     })
@@ -393,32 +393,35 @@ def evaluate(cfg: DemoConfig, dev: list[QuestionSet], retrievers: dict[str, Any]
     from eval.methods import MethodSettings, build_method
     from eval.report import summarize
     from eval.run import resume_traces
-    from kair_runtime.llm import build_llm
+    from kair_runtime.llm import AdapterSwitcher
 
     settings = MethodSettings(loop=cfg.runtime.loop, vanilla_top_k=cfg.runtime.loop.top_k)
-    llms: dict[bool, Any] = {}
+    # One model in memory at a time (EVAL_RUNS lists the prompted runs together); on vllm the
+    # prompted and the LoRA-tuned student share one engine.
+    models = AdapterSwitcher(cfg.runtime.llm, [None, str(student)] if cfg.train.use_peft else [None])
 
     def llm_for(tuned: bool):
-        if tuned not in llms:
-            llms.clear()  # one student in memory at a time (EVAL_RUNS lists the prompted runs together)
-            llms[tuned] = build_llm(tuned_llm(cfg, student) if tuned else cfg.runtime.llm)
-        return llms[tuned]
+        if not tuned:
+            return models.get(None)
+        return models.get(str(student)) if cfg.train.use_peft else models.get(None, model=str(student))
 
     rows, pooled = [], []
-    for label, method, tuned in (EVAL_RUNS[name] for name in EVAL_RUNS if name in cfg.eval_runs):
-        name = f"{label}-{method}"
-        task = progress.add_task(f"eval {name}", total=sum(len(d.questions) for d in dev))
-        all_traces, all_gold = [], {}
-        for qs in dev:
-            traces = resume_traces(
-                lambda qs=qs, method=method, tuned=tuned: build_method(method, llm_for(tuned), retrievers[qs.label],
-                                                                       settings),
-                qs.questions, out / "traces" / qs.label / f"{name}.jsonl", lambda n, task=task: progress.advance(task, n),
-                max(MIN_CHUNK, cfg.runtime.llm.batch_size))  # whole batches: the loop batches what it is given
-            rows.append(row(cfg, label, method, qs.label, summarize(traces, qs.gold)))
-            all_traces += traces
-            all_gold.update(qs.gold)
-        pooled.append(row(cfg, label, method, ALL, summarize(all_traces, all_gold)))
+    with models:
+        for label, method, tuned in (EVAL_RUNS[name] for name in EVAL_RUNS if name in cfg.eval_runs):
+            name = f"{label}-{method}"
+            task = progress.add_task(f"eval {name}", total=sum(len(d.questions) for d in dev))
+            all_traces, all_gold = [], {}
+            for qs in dev:
+                traces = resume_traces(
+                    lambda qs=qs, method=method, tuned=tuned: build_method(method, llm_for(tuned),
+                                                                           retrievers[qs.label], settings),
+                    qs.questions, out / "traces" / qs.label / f"{name}.jsonl",
+                    lambda n, task=task: progress.advance(task, n),
+                    max(MIN_CHUNK, cfg.runtime.llm.batch_size))  # whole batches: the loop batches what it is given
+                rows.append(row(cfg, label, method, qs.label, summarize(traces, qs.gold)))
+                all_traces += traces
+                all_gold.update(qs.gold)
+            pooled.append(row(cfg, label, method, ALL, summarize(all_traces, all_gold)))
     return rows + pooled if len(dev) > 1 else rows
 
 

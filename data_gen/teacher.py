@@ -124,9 +124,7 @@ def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever |
     """Run this shard's (question, sample) pairs that are not in its file yet. `llm` and
     `retriever` default to the ones the config names (tests pass small real ones); `questions`
     replaces the ones cfg.datasets would load (`kair demo` passes its own)."""
-    from tqdm import tqdm
-
-    from kair_runtime.llm import build_llm
+    from kair_runtime.llm import build_llm, close_llm
     from kair_runtime.retrieval import build_retriever
 
     out_dir = Path(cfg.out_dir)
@@ -142,7 +140,23 @@ def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever |
         return result
 
     retriever = retriever or build_retriever(prepare_retriever_config(cfg, out_dir))
+    owned = llm is None  # built here, so closed here (vLLM's engine processes)
     llm = llm or build_llm(cfg.runtime.llm)
+    try:
+        _generate_waves(cfg, llm, retriever, questions, samples, done, path, result, progress)
+    finally:
+        if owned:
+            close_llm(llm)
+    return result
+
+
+def _generate_waves(cfg: GenerateConfig, llm: LLM, retriever: Retriever, questions: list[Question],
+                    samples: list[Sample], done: set[str], path: Path, result: GenerateResult,
+                    progress: bool) -> None:
+    """One wave per sample id, each trajectory appended the moment it is answered."""
+    from tqdm import tqdm
+
+    total = len(questions) * len(samples)
     bar = tqdm(total=total, initial=len(done), desc=f"teacher shard {cfg.shard}/{cfg.num_shards}",
                unit="traj", disable=not progress, dynamic_ncols=True)
     with JsonlWriter(path) as out:
@@ -158,7 +172,6 @@ def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever |
                 result.written += 1
                 bar.update(1)
     bar.close()
-    return result
 
 
 def existing_keys(path: Path, questions: list[Question], samples: list[Sample]) -> set[str]:

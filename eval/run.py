@@ -30,7 +30,7 @@ from eval.methods import METHODS, MethodSettings, build_method
 from eval.report import markdown_report, results_table, summarize, write_plots
 from kair_runtime.config import (ConfigError, RuntimeConfig, apply_overrides, from_dict, read_yaml, to_dict)
 from kair_runtime.jsonl import JsonlWriter, recover
-from kair_runtime.llm import build_llm
+from kair_runtime.llm import AdapterSwitcher, BackendError
 from kair_runtime.records import Question, ScoredPassage, Trace
 from kair_runtime.retrieval import build_retriever
 
@@ -168,24 +168,26 @@ def run_eval(cfg: EvalConfig, run_dir: Path, progress: bool = True) -> list[dict
     settings = MethodSettings(loop=cfg.runtime.loop, **dataclasses.asdict(cfg.baselines))
     runs = [(m, None) for m in cfg.methods] + [(m, s) for m in cfg.methods for s in cfg.robustness.shuffle_seeds]
     rows = []
-    for tag, adapter in model_variants(cfg):
-        llm = None  # loaded only if some combination still has questions to run
-        for spec, questions, skipped, retriever, gold in data:
-            for method, shuffle in runs:
-                label = method if shuffle is None else f"{method}@shuffle{shuffle}"
-                path = run_dir / tag / spec.label / label / "traces.jsonl"
+    variants = model_variants(cfg)
+    # One engine for every checkpoint where the backend swaps adapters (vllm: a LoRARequest each).
+    with AdapterSwitcher(cfg.runtime.llm, [adapter for _, adapter in variants]) as models:
+        for tag, adapter in variants:
+            for spec, questions, skipped, retriever, gold in data:
+                for method, shuffle in runs:
+                    label = method if shuffle is None else f"{method}@shuffle{shuffle}"
+                    path = run_dir / tag / spec.label / label / "traces.jsonl"
 
-                def make_method(method=method, shuffle=shuffle, retriever=retriever, gold=gold):
-                    nonlocal llm
-                    llm = llm or build_llm(dataclasses.replace(cfg.runtime.llm, adapter=adapter))
-                    return build_method(method, llm, retriever, settings, final_docs_fn(cfg.robustness, shuffle, gold))
+                    # The model is loaded only if some combination still has questions to run.
+                    def make_method(method=method, shuffle=shuffle, retriever=retriever, gold=gold, adapter=adapter):
+                        return build_method(method, models.get(adapter), retriever, settings,
+                                            final_docs_fn(cfg.robustness, shuffle, gold))
 
-                with tqdm(total=len(questions), desc=f"{tag} {spec.label} {label}", disable=not progress,
-                          unit="q") as bar:
-                    traces = resume_traces(make_method, questions, path, bar.update, cfg.chunk_size)
-                summary = summarize(traces, gold)
-                summary["skipped_malformed"] = len(skipped)  # not in n: they never became questions
-                rows.append({"model": tag, "dataset": spec.label, "method": label, "summary": summary})
+                    with tqdm(total=len(questions), desc=f"{tag} {spec.label} {label}", disable=not progress,
+                              unit="q") as bar:
+                        traces = resume_traces(make_method, questions, path, bar.update, cfg.chunk_size)
+                    summary = summarize(traces, gold)
+                    summary["skipped_malformed"] = len(skipped)  # not in n: they never became questions
+                    rows.append({"model": tag, "dataset": spec.label, "method": label, "summary": summary})
     write_reports(rows, run_dir)
     return rows
 
@@ -286,7 +288,7 @@ def main(
                                datasets=datasets, methods=methods, limit=limit, run_name=run_name, out_dir=out_dir)
         run_dir = Path(cfg.out_dir) / (cfg.run_name or Path(config).stem)
         rows = run_eval(cfg, run_dir)
-    except (ConfigError, KeyError, FileNotFoundError) as e:
+    except (ConfigError, KeyError, FileNotFoundError, BackendError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     datasets_seen = list(dict.fromkeys(r["dataset"] for r in rows))

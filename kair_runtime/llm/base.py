@@ -47,6 +47,14 @@ class LLM(Protocol):
     def generate(self, prompts: list[list[Message]], sampling: SamplingParams) -> list[Completion]: ...
 
 
+def auto_dtype(dtype: str, on_gpu: bool) -> str:
+    """The one meaning of `llm.dtype: auto` for in-process backends: bfloat16 on a GPU, float32 on
+    a CPU (where bf16 matmuls are slow or emulated and float32 keeps backends comparable)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if on_gpu else "float32"
+
+
 class BackendError(RuntimeError):
     """A backend could not produce a completion (unreachable server, OOM, bad adapter path...)."""
 

@@ -20,7 +20,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
                           LogitsProcessorList, StoppingCriteria, StoppingCriteriaList)
 
 from kair_runtime.config import LLMConfig
-from kair_runtime.llm.base import BackendError, Completion, SamplingParams
+from kair_runtime.llm.base import BackendError, Completion, SamplingParams, auto_dtype
 from kair_runtime.llm.smollm2 import smollm2_dir
 from kair_runtime.records import Message
 
@@ -224,12 +224,11 @@ def resolve_model(name: str) -> str:
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    """"auto" means CUDA with bfloat16 when a GPU is present, else CPU with float32."""
+    """"auto" device: CUDA when a GPU is present, else CPU; "auto" dtype: see base.auto_dtype."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
-    if dtype == "auto":
-        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dtype = auto_dtype(dtype, on_gpu=dev.type == "cuda")
     if dtype not in DTYPES:
         raise BackendError(f"llm.dtype: unknown dtype {dtype!r}; choose auto or one of {sorted(DTYPES)}")
     return dev, DTYPES[dtype]

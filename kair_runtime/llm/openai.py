@@ -42,6 +42,9 @@ class OpenAIBackend:
 
     @classmethod
     def from_config(cls, cfg: LLMConfig) -> "OpenAIBackend":
+        if cfg.adapter:  # the server applies adapters; quietly dropping this would score the base model
+            raise BackendError(f"llm.adapter ({cfg.adapter}) cannot be applied by backend: openai; serve it "
+                               f"(vLLM: --enable-lora --lora-modules NAME={cfg.adapter}) and set llm.model: NAME")
         if not cfg.base_url:
             raise BackendError("llm.base_url is required for backend: openai "
                                "(e.g. http://localhost:8000/v1)")

@@ -40,7 +40,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from pydantic import BaseModel, ConfigDict
 
 from kair_runtime.index import INDEX_FORMATS, empty_index, get_format
-from kair_runtime.llm import build_llm
+from kair_runtime.llm import build_llm, close_llm
 from kair_runtime.llm.base import LLM
 from kair_runtime.records import Index, Question, Step, Trace
 from kair_runtime.retrieval import build_retriever
@@ -105,6 +105,7 @@ class Service:
         self.load_s = time.perf_counter() - t0
         if self._closing.is_set():  # the app shut down while we were loading
             sched.close()
+            close_llm(llm)
             return
         self.status = "ready"
         log.info("ready in %.1fs: %s with %s", self.load_s, getattr(llm, "name", "?"),
@@ -113,7 +114,9 @@ class Service:
     def close(self) -> None:
         self._closing.set()
         if self.scheduler is not None:
-            self.scheduler.close()
+            self.scheduler.close()  # joins the worker: nothing uses the model after this
+        if self.llm is not None:
+            close_llm(self.llm)  # vLLM's engine processes would otherwise outlive the app
 
     def ready_scheduler(self) -> Scheduler:
         if self.status == "failed":

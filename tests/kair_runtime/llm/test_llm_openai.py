@@ -102,3 +102,10 @@ def test_the_completion_ngram_ban_is_refused_before_any_request():
         with pytest.raises(BackendError, match=r"no_repeat_ngram is implemented by the hf backend only"):
             OpenAIBackend(server.base_url, "kair").generate([_chat("hi")], SamplingParams(no_repeat_ngram=8))
     assert server.requests == []
+
+
+def test_an_adapter_is_refused_not_silently_dropped():
+    """The server applies adapters; an llm.adapter here would otherwise score the base model under
+    the adapter's name (kair eval --checkpoints would label N identical runs as N checkpoints)."""
+    with pytest.raises(BackendError, match=r"cannot be applied by backend: openai.*--lora-modules"):
+        build_llm(LLMConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model="kair", adapter="ckpt-10"))

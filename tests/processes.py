@@ -1,0 +1,45 @@
+"""Test-only helpers for tests that start a real server process (kair serve, vLLM's OpenAI server)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    """Poll `url` until it answers 200; fail early, with the process's output, if it exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"the server exited with {proc.returncode} before {url} answered:\n{out[-4000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"{url} did not answer 200 within {timeout:.0f}s")
+
+
+def stop(proc: subprocess.Popen, timeout: float = 60) -> int:
+    """Ctrl+C, as a user would stop it; kill only if it does not end in time."""
+    import signal
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
