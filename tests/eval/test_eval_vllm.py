@@ -19,6 +19,14 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow,
                                  reason=f"benchmark samples not found at {shared_data_dir()}")]
 
 
+def engine_processes() -> set[int]:
+    """vLLM's engine core and worker processes under this one (multiprocessing's resource
+    tracker, also a child, stays for the life of the interpreter)."""
+    procs = psutil.Process().children(recursive=True)
+    return {p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+            and p.name().startswith("VLLM::")}
+
+
 @pytest.fixture
 def engines(monkeypatch):
     """Every vllm.LLM the run starts, with the LoRA requests each one served."""
@@ -52,7 +60,7 @@ def test_every_checkpoint_runs_on_one_engine_with_its_own_lora_id(tmp_path, engi
         "methods": ["kair"], "limit": 3, "include_base": True, "out_dir": str(tmp_path), "run_name": "ckpts",
     }
     (tmp_path / "eval.yaml").write_text(yaml.safe_dump(config))
-    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    engines_before = engine_processes()
 
     r = CliRunner().invoke(eval_app, ["--config", str(tmp_path / "eval.yaml"), "--checkpoints", str(smollm2_lora_run)])
     assert r.exit_code == 0, r.output
@@ -65,7 +73,7 @@ def test_every_checkpoint_runs_on_one_engine_with_its_own_lora_id(tmp_path, engi
     assert {path for _, path in loras} == ckpts
     assert len({lora_id for lora_id, _ in loras}) == 3
     # The engine's processes end with the run, not at interpreter exit.
-    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children_before
+    assert engine_processes() <= engines_before
 
     run = tmp_path / "ckpts"
     rows = json.loads((run / "summary.json").read_text())
