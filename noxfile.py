@@ -43,7 +43,7 @@ def _install_project(session: nox.Session, extras: str, *with_it: str) -> None:
 def tests(session: nox.Session) -> None:
     """The main suite."""
     _install_project(session, "dev,serve")
-    session.run("pytest", "-q", "-m", "not vllm and not distributed", *session.posargs, env=OFFLINE)
+    session.run("python", "-m", "pytest", "-q", "-m", "not vllm and not distributed", *session.posargs, env=OFFLINE)
 
 
 @nox.session
@@ -55,12 +55,12 @@ def vllm(session: nox.Session) -> None:
     # torch ("operator torchvision::nms does not exist"), and transformers then fails on every model
     # import. Text generation needs none of them.
     session.run("pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
-    session.run("pytest", "-q", "-m", "vllm", *session.posargs, env={**OFFLINE, "KAIR_REQUIRE": "vllm"})
+    session.run("python", "-m", "pytest", "-q", "-m", "vllm", *session.posargs, env={**OFFLINE, "KAIR_REQUIRE": "vllm"})
 
 
 @nox.session
 def distributed(session: nox.Session) -> None:
     """accelerate launch on CPU: DDP, DeepSpeed ZeRO-2/3 and QLoRA, with the gpu extra installed."""
     _install_project(session, "dev,gpu")
-    session.run("pytest", "-q", "-m", "distributed", *session.posargs,
+    session.run("python", "-m", "pytest", "-q", "-m", "distributed", *session.posargs,
                 env={**OFFLINE, "KAIR_REQUIRE": "distributed"})
