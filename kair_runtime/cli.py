@@ -87,6 +87,7 @@ def ask(
     as_json: bool = typer.Option(False, "--json", help="Print the whole trace as JSON."),
 ) -> None:
     """Answer one question with the KAIR loop and show each step."""
+    from kair_runtime.llm import close_llm
     from kair_runtime.llm.base import BackendError
     from kair_runtime.records import Question
     from kair_runtime.runtime import build_loop
@@ -105,7 +106,10 @@ def ask(
     except (KeyError, ValueError, OSError, BackendError) as e:  # unknown names, bad paths, bad files
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
-    trace = loop.run_one(Question(id="ask", question=question))
+    try:
+        trace = loop.run_one(Question(id="ask", question=question))
+    finally:
+        close_llm(loop.llm)  # vLLM's engine processes end here, not in interpreter-exit cleanup
     if as_json:
         sys.stdout.write(json.dumps(trace.to_dict(), ensure_ascii=False, indent=2) + "\n")
     else:

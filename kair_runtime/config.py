@@ -118,10 +118,31 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
     for name, value in data.items():
         typ = hints[name]
         if dataclasses.is_dataclass(typ):
+            # A section's keys override the field's own default, which may differ from the type's
+            # (the demo's compact runtime): `--set runtime.llm.backend=vllm` must change only that.
+            default = _field_default(fields[name])
+            if default is not None and (value is None or isinstance(value, dict)):
+                value = _merged(to_dict(default), value or {})
             kwargs[name] = from_dict(typ, value, _dotted(where, name))
         else:
             kwargs[name] = _coerce(value, typ, _dotted(where, name))
     return cls(**kwargs)
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _merged(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """`update` over `base`, recursively for nested mappings."""
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _dotted(prefix: str, key: str) -> str:

@@ -69,3 +69,17 @@ def test_a_float_written_without_a_dot_is_a_number():
     assert cfg.loop.temperature == 5e-4
     with pytest.raises(ConfigError, match="loop.temperature: expected a number"):
         load_config(RuntimeConfig, None, ["loop.temperature=warm"])
+
+
+def test_a_section_override_keeps_the_fields_own_default_for_the_other_keys():
+    """`kair demo --set runtime.llm.backend=vllm` once replaced the demo's compact runtime (2 steps,
+    top-3, 96 step tokens, float32) with RuntimeConfig's defaults (4 steps, top-5, 384 tokens)."""
+    from data_gen.demo import DemoConfig, load_demo_config
+
+    default = DemoConfig().runtime
+    cfg = load_demo_config(None, ["runtime.llm.backend=vllm", "runtime.llm.kv_cache_gib=1"], max_steps=3)
+    assert cfg.runtime.llm.backend == "vllm" and cfg.runtime.llm.kv_cache_gib == 1.0
+    assert cfg.runtime.llm.dtype == default.llm.dtype == "float32"
+    assert cfg.runtime.loop.max_steps == 3
+    assert (cfg.runtime.loop.top_k, cfg.runtime.loop.step_max_tokens) == (default.loop.top_k, default.loop.step_max_tokens)
+    assert cfg.runtime.retriever == default.retriever
