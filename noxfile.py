@@ -61,6 +61,6 @@ def vllm(session: nox.Session) -> None:
 @nox.session
 def distributed(session: nox.Session) -> None:
     """accelerate launch on CPU: DDP, DeepSpeed ZeRO-2/3 and QLoRA, with the gpu extra installed."""
-    _install_project(session, "dev,gpu")
+    _install_project(session, "dev,gpu,serve")  # serve: the shared test helpers import fastapi
     session.run("python", "-m", "pytest", "-q", "-m", "distributed", *session.posargs,
                 env={**OFFLINE, "KAIR_REQUIRE": "distributed"})
