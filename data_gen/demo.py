@@ -400,10 +400,10 @@ def evaluate(cfg: DemoConfig, dev: list[QuestionSet], retrievers: dict[str, Any]
     # prompted and the LoRA-tuned student share one engine.
     models = AdapterSwitcher(cfg.runtime.llm, [None, str(student)] if cfg.train.use_peft else [None])
 
+    tuned_cfg = tuned_llm(cfg, student)
+
     def llm_for(tuned: bool):
-        if not tuned:
-            return models.get(None)
-        return models.get(str(student)) if cfg.train.use_peft else models.get(None, model=str(student))
+        return models.get(tuned_cfg.adapter, model=tuned_cfg.model) if tuned else models.get(None)
 
     rows, pooled = [], []
     with models:

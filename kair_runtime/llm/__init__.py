@@ -50,26 +50,25 @@ class AdapterSwitcher:
     def __init__(self, cfg: LLMConfig, adapters: list[str | None]):
         self.cfg = dataclasses.replace(cfg, enable_lora=cfg.enable_lora or any(adapters))
         self.built: LLM | None = None  # the engine (its base view where adapters swap)
-        self.built_model: str | None = None
-        self.current: tuple[tuple[str, str | None], LLM] | None = None
+        self.current: tuple[tuple[str, str | None], LLM] | None = None  # ((model, adapter), backend)
 
     def get(self, adapter: str | None, model: str | None = None) -> LLM:
         key = (model or self.cfg.model, adapter)
         if self.current is not None and self.current[0] == key:
             return self.current[1]
-        if self.built is not None and self.built_model == key[0] and getattr(self.built, "swaps_adapters", False):
+        same_model = self.current is not None and self.current[0][0] == key[0]
+        if same_model and getattr(self.built, "swaps_adapters", False):
             llm = self.built.with_adapter(adapter)
         else:
             self.close()
             llm = self.built = build_llm(dataclasses.replace(self.cfg, model=key[0], adapter=adapter))
-            self.built_model = key[0]
         self.current = (key, llm)
         return llm
 
     def close(self) -> None:
         if self.built is not None:
             close_llm(self.built)
-        self.built = self.built_model = self.current = None
+        self.built = self.current = None
 
     def __enter__(self) -> "AdapterSwitcher":
         return self
