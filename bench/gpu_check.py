@@ -1,5 +1,6 @@
 """python bench/gpu_check.py [--out-dir runs/gpu_check]          # one GPU, no network: Qwen2.5-7B shapes, bf16
 python bench/gpu_check.py --toy [--out-dir runs/gpu_check]    # CPU: a toy shape, float32, a few tokens
+python bench/gpu_check.py --loop-backend hf                   # a GPU without vLLM: the loop on hf + peft
 
 The prepared GPU check: one command for a machine with one GPU and no network (written for an
 H200; install with `pip install -e ".[vllm,gpu,serve]"`), meant to finish in under 8 minutes. It
@@ -26,6 +27,10 @@ measures what docs/results.md anchors, on a model nothing has to download:
    until the batch is full and numbered so that no two prompts are equal: prefix caching can
    reuse what distinct questions share, never a whole repeated prompt. Reports questions/s and
    output tok/s over the loop's wall time (retrieval and prefill included), and the on/off ratio.
+
+--loop-backend hf runs phase 3 once on the hf backend (transformers + peft, batch = all questions)
+instead of twice on vLLM, for a machine where vLLM cannot be installed; its tok/s are printed with
+the ratio to the vLLM anchor, labelled as such.
 
 Each figure is printed with its ratio to the anchors below. --toy runs the same phases at a toy
 shape on CPU (vLLM's CPU backend, DeepSpeed on CPU); its figures are real measurements of a toy,
@@ -74,22 +79,27 @@ class Plan:
     sft_warmup: int
     sft_flags: list[str]  # on top of configs/train/qwen2.5-7b-lora.yaml
     questions: int  # KAIR loop questions per vLLM configuration, all in one round
+    hf_questions: int  # the same on the hf backend (--loop-backend hf), one generate() batch
+    hf_loop: dict  # LoopConfig fields on the hf backend: it decodes ~30x slower than vLLM, so fewer tokens
     warmup_questions: int
     loop: dict  # LoopConfig fields
     vllm: dict  # LLMConfig fields
 
 
 GPU_PLAN = Plan(shape=QWEN25_7B, dtype="bfloat16", sft_steps=12, sft_warmup=2, sft_flags=[],
-                questions=256, warmup_questions=8,
+                questions=256, hf_questions=16, warmup_questions=8,
                 loop=dict(max_steps=2, top_k=5, step_max_tokens=384, answer_max_tokens=32),
+                # measured on an H200: 64 questions x 384 step tokens did not finish in 7.5 min
+                hf_loop=dict(max_steps=2, top_k=5, step_max_tokens=128, answer_max_tokens=32),
                 vllm=dict(gpu_memory_utilization=0.9, max_model_len=16384, enforce_eager=False))
 TOY_PLAN = Plan(shape=TOY, dtype="float32", sft_steps=4, sft_warmup=1,
                 # TrainingArguments refuses bf16 without a device for it; the batch is cut for 2 cores
                 sft_flags=["--use_cpu", "true", "--bf16", "false", "--dtype", "float32",
                            "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1",
                            "--max_length", "1024"],
-                questions=8, warmup_questions=2,
+                questions=8, hf_questions=4, warmup_questions=2,
                 loop=dict(max_steps=2, top_k=3, step_max_tokens=24, answer_max_tokens=8),
+                hf_loop=dict(max_steps=2, top_k=3, step_max_tokens=24, answer_max_tokens=8),
                 vllm=dict(kv_cache_gib=0.25, max_model_len=4096, enforce_eager=True))
 
 
@@ -207,7 +217,7 @@ def run_sft(args, plan: Plan, model_dir: Path) -> dict:
     return json.loads((out / "sft.json").read_text())
 
 
-# ---------------------------------------------------------------- phase 3: vLLM + LoRA on the KAIR loop
+# ---------------------------------------------------------------- phase 3: the KAIR loop with the adapter
 
 def loop_questions(n: int, start: int):
     """n demo questions, cycled, each numbered (start, start+1, ...) so that no two prompts are equal."""
@@ -218,52 +228,58 @@ def loop_questions(n: int, start: int):
             for i in range(start, start + n) for q in [base[i % len(base)]]]
 
 
-def vllm_worker(args) -> None:
-    """One engine, one prefix-caching setting: warm up, then time the KAIR loop on a fresh cache."""
+def loop_worker(args) -> None:
+    """One engine (vllm: one prefix-caching setting), warm up, then time the KAIR loop (vllm: on a fresh
+    prefix cache)."""
     from kair_runtime.config import LLMConfig, LoopConfig, RetrieverConfig
-    from kair_runtime.llm import build_llm
+    from kair_runtime.llm import build_llm, close_llm
     from kair_runtime.loop import KairLoop
     from kair_runtime.retrieval import build_retriever
 
     plan = TOY_PLAN if args.toy else GPU_PLAN
     on = args.prefix_caching == "on"
+    vllm = args.loop_backend == "vllm"
+    n = plan.questions if vllm else plan.hf_questions
+    loop_cfg = plan.loop if vllm else plan.hf_loop
+    backend = (dict(backend="vllm", enable_prefix_caching=on, **plan.vllm) if vllm
+               else dict(backend="hf", batch_size=n))
     t0 = time.perf_counter()
-    llm = build_llm(LLMConfig(backend="vllm", model=args.model_dir, adapter=args.adapter, dtype=plan.dtype,
-                              enable_prefix_caching=on, **plan.vllm))
+    llm = build_llm(LLMConfig(model=args.model_dir, adapter=args.adapter, dtype=plan.dtype, **backend))
     start_s = time.perf_counter() - t0
     retriever = build_retriever(RetrieverConfig(kind="bm25"))
     # The warm-up only has to take every code path once (adapter load, prefill, decode, sampling):
     # a few short replies, on questions numbered apart from the timed ones.
-    short = {**plan.loop, "step_max_tokens": 8, "answer_max_tokens": 4}
-    KairLoop(llm, retriever, LoopConfig(**short)).run(loop_questions(plan.warmup_questions, start=plan.questions))
-    loop = KairLoop(llm, retriever, LoopConfig(**plan.loop, round_size=plan.questions))
-    if on:
+    short = {**loop_cfg, "step_max_tokens": 8, "answer_max_tokens": 4}
+    KairLoop(llm, retriever, LoopConfig(**short)).run(loop_questions(plan.warmup_questions, start=n))
+    loop = KairLoop(llm, retriever, LoopConfig(**loop_cfg, round_size=n))
+    if vllm and on:
         llm.llm.reset_prefix_cache()  # the timed run gets no head start from the warm-up's prompts
-    questions = loop_questions(plan.questions, start=0)
+    questions = loop_questions(n, start=0)
     t0 = time.perf_counter()
     traces = loop.run(questions)
     wall = time.perf_counter() - t0
-    llm.close()
+    close_llm(llm)
     errors = [t.error for t in traces if t.error]
     if errors:
         raise SystemExit(f"{len(errors)} of {len(traces)} questions failed, e.g.: {errors[0]}")
     output = sum(t.usage.completion_tokens for t in traces)
     result = {
-        "prefix_caching": on, "questions": len(traces), "wall_s": wall, "engine_start_s": start_s,
+        "backend": args.loop_backend, "prefix_caching": on if vllm else None, "questions": len(traces), "wall_s": wall, "engine_start_s": start_s,
         "questions_per_s": len(traces) / wall, "output_tok_s": output / wall,
         "output_tokens": output, "prompt_tokens": sum(t.usage.prompt_tokens for t in traces),
-        "llm_calls": sum(len(t.steps) + 1 for t in traces), **plan.loop,
+        "llm_calls": sum(len(t.steps) + 1 for t in traces), **loop_cfg,
     }
-    (Path(args.out_dir) / f"vllm_prefix_{args.prefix_caching}.json").write_text(json.dumps(result, indent=2))
+    (Path(args.out_dir) / f"loop_{args.loop_backend}_{args.prefix_caching}.json").write_text(json.dumps(result, indent=2))
 
 
-def run_vllm(args, model_dir: Path, adapter: str, prefix_caching: str) -> dict:
+def run_loop(args, model_dir: Path, adapter: str, prefix_caching: str) -> dict:
     out = Path(args.out_dir)
-    cmd = [sys.executable, __file__, "--vllm-worker", "--prefix-caching", prefix_caching, "--out-dir", str(out),
-           "--model-dir", str(model_dir), "--adapter", adapter] + (["--toy"] if args.toy else [])
+    cmd = [sys.executable, __file__, "--loop-worker", "--loop-backend", args.loop_backend,
+           "--prefix-caching", prefix_caching, "--out-dir", str(out), "--model-dir", str(model_dir),
+           "--adapter", adapter] + (["--toy"] if args.toy else [])
     print("+ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT, env=child_env())
-    return json.loads((out / f"vllm_prefix_{prefix_caching}.json").read_text())
+    return json.loads((out / f"loop_{args.loop_backend}_{prefix_caching}.json").read_text())
 
 
 # ---------------------------------------------------------------- driver
@@ -282,10 +298,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--toy", action="store_true", help="a toy shape on CPU, float32 (the smoke run)")
     ap.add_argument("--out-dir", default=str(ROOT / "runs" / "gpu_check"))
+    ap.add_argument("--loop-backend", choices=["vllm", "hf"], default="vllm",
+                    help="the backend of the KAIR-loop phase (hf: for a machine without vLLM)")
     # worker-only arguments, set by the driver
     ap.add_argument("--sft-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--prefix-caching", choices=["on", "off"], help=argparse.SUPPRESS)
+    ap.add_argument("--loop-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--prefix-caching", choices=["on", "off"], default="off", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--data-dir", help=argparse.SUPPRESS)
     ap.add_argument("--adapter", help=argparse.SUPPRESS)
@@ -295,8 +313,8 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     if args.sft_worker:
         return sft_worker(args)
-    if args.vllm_worker:
-        return vllm_worker(args)
+    if args.loop_worker:
+        return loop_worker(args)
 
     import torch
 
@@ -325,18 +343,21 @@ def main() -> None:
         model_info = build_model(out / "model", plan, device)
     with phase("sft zero2"):
         sft = run_sft(args, plan, out / "model")
-    with phase("vllm prefix caching on"):
-        on = run_vllm(args, out / "model", sft["adapter"], "on")
-    with phase("vllm prefix caching off"):
-        off = run_vllm(args, out / "model", sft["adapter"], "off")
+    runs = []
+    for setting in (["on", "off"] if args.loop_backend == "vllm" else ["off"]):
+        label = f"vllm prefix caching {setting}" if args.loop_backend == "vllm" else "hf loop"
+        with phase(label):
+            runs.append(run_loop(args, out / "model", sft["adapter"], setting))
     total = time.perf_counter() - t_start
 
-    figures = {
-        "vllm_prefix_on_questions_per_s": on["questions_per_s"], "vllm_prefix_on_output_tok_s": on["output_tok_s"],
-        "vllm_prefix_off_questions_per_s": off["questions_per_s"], "vllm_prefix_off_output_tok_s": off["output_tok_s"],
-        "vllm_prefix_on_off_ratio": on["questions_per_s"] / off["questions_per_s"],
-        "vllm_prefix_on_output_tok_s_vs_anchor": on["output_tok_s"] / VLLM_ANCHOR_TOK_S,
-        "vllm_prefix_off_output_tok_s_vs_anchor": off["output_tok_s"] / VLLM_ANCHOR_TOK_S,
+    figures = {}
+    for r in runs:
+        key = f"vllm_prefix_{'on' if r['prefix_caching'] else 'off'}" if r["backend"] == "vllm" else "hf"
+        figures |= {f"{key}_questions_per_s": r["questions_per_s"], f"{key}_output_tok_s": r["output_tok_s"],
+                    f"{key}_output_tok_s_vs_anchor": r["output_tok_s"] / VLLM_ANCHOR_TOK_S}
+    if len(runs) == 2:
+        figures["vllm_prefix_on_off_ratio"] = runs[0]["questions_per_s"] / runs[1]["questions_per_s"]
+    figures |= {
         "sft_tokens_per_s": sft["tokens_per_s"], "sft_peak_memory_gb": sft["peak_memory_gb"],
         "sft_tokens_per_s_vs_anchor_low": sft["tokens_per_s"] / SFT_ANCHOR_TOK_S[0],
         "sft_tokens_per_s_vs_anchor_high": sft["tokens_per_s"] / SFT_ANCHOR_TOK_S[1],
@@ -348,15 +369,18 @@ def main() -> None:
         f"{plan.dtype}, on {where}",
         *(f"phase {name:<24} {s:7.1f} s" for name, s in phases.items()),
         f"total {total:.1f} s (budget {TIME_BUDGET_S} s)",
-        f"vLLM + LoRA r16, KAIR loop, {on['questions']} questions x {plan.loop['max_steps']} steps "
-        f"(+ answer), step/answer max tokens {plan.loop['step_max_tokens']}/{plan.loop['answer_max_tokens']}:",
+        f"{'vLLM' if args.loop_backend == 'vllm' else 'hf + peft'} + LoRA r16, KAIR loop, {runs[0]['questions']} "
+        f"questions x {runs[0]['max_steps']} steps (+ answer), step/answer max tokens "
+        f"{runs[0]['step_max_tokens']}/{runs[0]['answer_max_tokens']}:",
     ]
-    for r in (on, off):
-        setting = "on " if r["prefix_caching"] else "off"
-        lines.append(f"  prefix caching {setting}: {r['questions_per_s']:.3f} questions/s, {r['output_tok_s']:.1f} "
-                     f"output tok/s ({ratio(r['output_tok_s'], VLLM_ANCHOR_TOK_S)} the anchor "
+    for r in runs:
+        setting = (f"prefix caching {'on ' if r['prefix_caching'] else 'off'}" if r["backend"] == "vllm"
+                   else f"hf, batch {r['questions']}")
+        lines.append(f"  {setting}: {r['questions_per_s']:.3f} questions/s, {r['output_tok_s']:.1f} "
+                     f"output tok/s ({ratio(r['output_tok_s'], VLLM_ANCHOR_TOK_S)} the vLLM anchor "
                      f"{VLLM_ANCHOR_TOK_S:.0f} tok/s: 8B, one H100){note}")
-    lines.append(f"  prefix caching on/off: {figures['vllm_prefix_on_off_ratio']:.3f}x questions/s")
+    if len(runs) == 2:
+        lines.append(f"  prefix caching on/off: {figures['vllm_prefix_on_off_ratio']:.3f}x questions/s")
     peak = sft["peak"]
     peak_text = (f"{peak['allocated_gb']:.1f} GiB allocated, {peak['reserved_gb']:.1f} GiB reserved (GPU)"
                  if peak["kind"] == "gpu" else f"{peak['rss_gb']:.2f} GiB peak RSS (CPU)")
@@ -375,7 +399,7 @@ def main() -> None:
                "figures": figures, "ratios_meaningful": not args.toy,
                "anchors": {"vllm_output_tok_s": VLLM_ANCHOR_TOK_S, "sft_tok_s": list(SFT_ANCHOR_TOK_S)},
                "phases_s": phases, "total_s": total, "over_budget": total > TIME_BUDGET_S,
-               "vllm": {"prefix_on": on, "prefix_off": off}, "sft": sft}
+               "loop_backend": args.loop_backend, "loop": runs, "sft": sft}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"summary: {out / 'summary.json'}")
 
