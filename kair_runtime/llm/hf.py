@@ -45,6 +45,12 @@ class HFBackend:
         self.device = next(model.parameters()).device
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None)
         self.eos_ids = _eos_ids(model, tokenizer)
+        # The loop alone decides how to decode. generate() fills every field our GenerationConfig
+        # leaves unset (transformers 5) or at its default value (4.5x) from the model's own
+        # generation_config: a student re-saved from Qwen/Llama carries do_sample, temperature, top_p,
+        # repetition_penalty, maybe num_beams or no_repeat_ngram_size, and would sample or beam-search
+        # while the trace says greedy. A neutral config leaves nothing to fill (eos is read above).
+        _inner_model(self.model).generation_config = GenerationConfig()
         # Padding is masked out, so any id works; a distinct pad token keeps the output readable.
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.eos_ids)
@@ -117,10 +123,8 @@ class HFBackend:
         return [self._finish(row, len(ids), sampling) for row, ids in zip(out[:, width:].tolist(), batch)]
 
     def _generation_config(self, s: SamplingParams) -> GenerationConfig:
-        # Every knob set explicitly: unset ones would be filled from the model's own
-        # generation_config (often top_k=20, repetition_penalty=1.05...), which the other
-        # backends do not apply.
-        # top_k=0 turns off the top-k filter HF samples with by default.
+        # The knobs the loop has, set explicitly (the model's generation_config is neutralised in
+        # __init__, so nothing else applies). top_k=0 turns off the top-k filter HF samples with by default.
         sample = dict(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=0) \
             if not s.greedy else dict(do_sample=False)
         return GenerationConfig(max_new_tokens=s.max_tokens, repetition_penalty=1.0,
@@ -191,6 +195,11 @@ def _tokens_until_stop(ids: list[int], stop: tuple[str, ...], decode: Callable[[
         else:
             hi = mid
     return hi
+
+
+def _inner_model(model):
+    """The transformers model under a PeftModel (generate() reads its generation_config)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

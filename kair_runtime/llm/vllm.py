@@ -59,7 +59,10 @@ class VLLMBackend:
             raise BackendError(f"llm.dtype: unknown dtype {cfg.dtype!r}; choose auto or one of {list(DTYPES)}")
         kwargs = dict(model=resolve_model(cfg.model), tensor_parallel_size=cfg.tensor_parallel_size,
                       gpu_memory_utilization=cfg.gpu_memory_utilization, dtype=dtype,
-                      enforce_eager=cfg.enforce_eager)
+                      enforce_eager=cfg.enforce_eager,
+                      # the model's generation_config must not become the default sampling
+                      # (each request's SamplingParams is complete anyway; this says so to vLLM)
+                      generation_config="vllm")
         if cfg.kv_cache_gib is not None:
             if cfg.kv_cache_gib <= 0:
                 raise BackendError(f"llm.kv_cache_gib must be > 0 GiB, got {cfg.kv_cache_gib}")

@@ -3,7 +3,9 @@
 It answers deterministically from the prompt: "echo: <last message content>", cut to
 `max_tokens` words (finish_reason "length") or at the first stop string, with word counts as
 usage. It can fail its first N requests with a status (503) to exercise retries, answers
-404 for the model name "missing-model", and records every request it received.
+404 for the model name "missing-model", and records every request it received. GET /v1/models
+lists one model owned by `owned_by` ("vllm" makes it look like a vLLM server); its GETs are
+counted in `model_lists`.
 
     with OpenAITestServer(fail_first=2) as server:
         llm = OpenAIBackend(server.base_url, "kair")
@@ -29,8 +31,11 @@ def answer_for(messages: list[dict], max_tokens: int, stop: list[str]) -> tuple[
 
 
 class OpenAITestServer:
-    def __init__(self, fail_first: int = 0, fail_status: int = 503, delay_s: float = 0.0):
+    def __init__(self, fail_first: int = 0, fail_status: int = 503, delay_s: float = 0.0,
+                 owned_by: str = "kair-tests"):
         self.fail_first, self.fail_status, self.delay_s = fail_first, fail_status, delay_s
+        self.owned_by = owned_by
+        self.model_lists = 0
         self.requests: list[dict] = []  # JSON bodies, in arrival order
         self.headers: list[dict[str, str]] = []
         self.in_flight = self.max_in_flight = 0
@@ -73,7 +78,15 @@ class OpenAITestServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's naming)
+            def do_GET(self):  # noqa: N802 (http.server's naming)
+                with server._lock:
+                    server.model_lists += 1
+                status, reply = ((200, {"object": "list", "data": [
+                    {"id": "kair", "object": "model", "owned_by": server.owned_by}]})
+                    if self.path == "/v1/models" else (404, {"error": {"message": f"no route {self.path}"}}))
+                self._send(status, reply)
+
+            def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with server._lock:
                     n = len(server.requests)
@@ -88,6 +101,9 @@ class OpenAITestServer:
                 finally:
                     with server._lock:
                         server.in_flight -= 1
+                self._send(status, reply)
+
+            def _send(self, status: int, reply: dict) -> None:
                 data = json.dumps(reply).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

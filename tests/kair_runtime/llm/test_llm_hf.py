@@ -238,3 +238,28 @@ def test_adapter_dir_tokenizer_is_used(tiny_model_dir, tmp_path):
     llm = build_llm(LLMConfig(backend="hf", model=str(tiny_model_dir), adapter=str(adapter)))
     prompt = llm.tokenizer.decode(llm.encode([{"role": "user", "content": "Hi"}]))
     assert prompt == "[user] Hi\n[assistant] "
+
+
+def test_the_models_own_generation_config_never_changes_decoding(tiny_model_dir, tmp_path):
+    """A student re-saved from a Qwen/Llama base carries the base's sampling defaults (and a model
+    may carry a beam or n-gram setting). The loop's greedy must stay greedy, its sampling must be
+    exactly the loop's: the outputs equal those of the same weights with a neutral config."""
+    model, tok = _load(tiny_model_dir)
+    # The sampling fields are a Qwen2.5 base's. Under transformers 5 the loop's explicit do_sample
+    # survives them, but the fields it never sets (num_beams, no_repeat_ngram_size) were taken: each
+    # alone changed 8 of the 8 greedy outputs before the backend neutralised the model's config.
+    model.generation_config.update(do_sample=True, temperature=0.7, top_p=0.8, top_k=20,
+                                   repetition_penalty=1.05, num_beams=3, no_repeat_ngram_size=1,
+                                   min_new_tokens=4)
+    sampling_on = tmp_path / "sampling-on"
+    model.save_pretrained(sampling_on)
+    tok.save_pretrained(sampling_on)
+
+    def outputs(path):
+        llm = build_llm(LLMConfig(backend="hf", model=str(path), device="cpu", dtype="float32", batch_size=3))
+        greedy = [c.text for c in llm.generate(PROMPTS, SamplingParams(max_tokens=24))]
+        sampled = [c.text for c in llm.generate(PROMPTS, SamplingParams(temperature=1.0, top_p=0.95,
+                                                                         max_tokens=24, seed=7))]
+        return greedy, sampled
+
+    assert outputs(sampling_on) == outputs(tiny_model_dir)

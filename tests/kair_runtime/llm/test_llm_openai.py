@@ -45,6 +45,26 @@ def test_sampling_params_are_sent_and_honoured():
     assert stopped.text == "echo: alpha " and stopped.finish_reason == "stop"
 
 
+@pytest.mark.parametrize("owned_by", ["vllm", "openai"])
+def test_vllm_servers_get_their_own_fields_neutral(owned_by):
+    """vLLM fills each sampling field a request leaves out from the model's generation_config (a
+    Qwen base's repetition_penalty 1.05, top_k 20): to vLLM every field goes explicit. OpenAI
+    refuses fields it does not know: it gets its own only."""
+    with OpenAITestServer(owned_by=owned_by) as server:
+        llm = OpenAIBackend(server.base_url, "kair")
+        llm.generate([_chat("one"), _chat("two")], SamplingParams(max_tokens=4))
+        llm.generate([_chat("three")], SamplingParams(max_tokens=4))
+    assert server.model_lists == 1  # asked once, not per request
+    for body in server.requests:
+        assert (body["temperature"], body["top_p"], body["presence_penalty"], body["frequency_penalty"]) == \
+            (0.0, 1.0, 0.0, 0.0)
+        vllm_fields = {k: body.get(k) for k in ("top_k", "min_p", "repetition_penalty")}
+        if owned_by == "vllm":
+            assert vllm_fields == {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+        else:
+            assert vllm_fields == {"top_k": None, "min_p": None, "repetition_penalty": None}
+
+
 def test_api_key_comes_from_the_named_env_var(monkeypatch):
     monkeypatch.setenv("KAIR_TEST_KEY", "sekret")
     with OpenAITestServer() as server:
@@ -87,7 +107,8 @@ def test_unreachable_server_is_a_clear_error():
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}/v1"
     llm = build_llm(LLMConfig(backend="openai", base_url=url, retries=1, timeout_s=2.0))
-    expected = rf"127\.0\.0\.1:{port}/v1/chat/completions failed after 2 attempt\(s\): Connect"
+    # the first request asks the server what it is (see test_vllm_servers_get_their_own_fields_neutral)
+    expected = rf"127\.0\.0\.1:{port}/v1/models failed after 2 attempt\(s\): Connect"
     with pytest.raises(BackendError, match=expected):
         llm.generate([_chat("hello")], SamplingParams())
 

