@@ -197,8 +197,13 @@ class _Baseline:
         return Trace(question=q, method=self.name, index_format="", stop_reason="",
                      extra={"llm": getattr(self.llm, "name", ""), "retriever": getattr(self.retriever, "name", "")})
 
-    def docs(self, q: Question, docs: list[ScoredPassage]) -> str:
-        return self.docs_layout.format_documents(self.final_docs(q, docs) if self.final_docs else docs)
+    def docs(self, q: Question, docs: list[ScoredPassage], *, can_answer: bool) -> str:
+        """The documents as a prompt shows them. The robustness order (final_docs) applies, as in
+        every method, to the documents of a call whose output can be the answer (the paper's study
+        moves evidence "during answer generation"); other calls see retrieval order."""
+        if can_answer and self.final_docs:
+            docs = self.final_docs(q, docs)
+        return self.docs_layout.format_documents(docs)
 
     def step(self, n: int, query: str, docs, prompt=None, c: Completion | None = None, wall: float = 0.0) -> Step:
         return Step(step=n, query=query, retrieved=list(docs), prompt=prompt or [],
@@ -237,7 +242,7 @@ class Vanilla(_Baseline):
         t0 = time.perf_counter()
         traces = [self.new_trace(q) for q in questions]
         retrieved = self.retriever.search([q.question for q in questions], self.settings.vanilla_top_k)
-        prompts = [self.render("vanilla", question=q.question, documents=self.docs(q, d))
+        prompts = [self.render("vanilla", question=q.question, documents=self.docs(q, d, can_answer=True))
                    for q, d in zip(questions, retrieved)]
         outs = generate_isolated(self.llm, prompts, self.sampling(self.settings.loop.answer_max_tokens))
         wall = (time.perf_counter() - t0) / max(1, len(questions))
@@ -267,7 +272,9 @@ class IterRetGen(_Baseline):
         live = list(range(len(questions)))
         for it in range(1, self.settings.iter_retgen_iterations + 1):
             retrieved = self.retriever.search([queries[i] for i in live], self.settings.loop.top_k)
-            prompts = [self.render("iter_retgen", question=questions[i].question, documents=self.docs(questions[i], d))
+            last = it == self.settings.iter_retgen_iterations  # only the last generation is the answer
+            prompts = [self.render("iter_retgen", question=questions[i].question,
+                                   documents=self.docs(questions[i], d, can_answer=last))
                        for i, d in zip(live, retrieved)]
             outs = generate_isolated(self.llm, prompts, sampling)
             still = []
@@ -310,7 +317,9 @@ class IRCoT(_Baseline):
             for i, docs in zip(live, retrieved):
                 traces[i].steps.append(self.step(n, queries[i], docs))
                 prompts.append(self.render("ircot_step", question=questions[i].question,
-                                           documents=self.docs(questions[i], traces[i].all_passages()),
+                                           # any step may write "So the answer is"
+                                           documents=self.docs(questions[i], traces[i].all_passages(),
+                                                               can_answer=True),
                                            reasoning=cot[i] or "(none yet)"))
             outs = generate_isolated(self.llm, prompts, sampling)
             still = []
@@ -331,7 +340,7 @@ class IRCoT(_Baseline):
             live = still
         # Out of steps without an answer: one answer call over everything read.
         prompts = [self.render("ircot_answer", question=questions[i].question,
-                               documents=self.docs(questions[i], traces[i].all_passages()),
+                               documents=self.docs(questions[i], traces[i].all_passages(), can_answer=True),
                                reasoning=cot[i] or "(none)") for i in live]
         outs = generate_isolated(self.llm, prompts, self.sampling(self.settings.loop.answer_max_tokens))
         for i, prompt, c in zip(live, prompts, outs):

@@ -127,7 +127,9 @@ def corpus_for(spec: DatasetSpec, cache: Path) -> Path:
 
 
 def final_docs_fn(robust: RobustnessConfig, shuffle_seed: int | None, gold_ids: dict[str, set[str]]):
-    """The answer prompt's document order for the robustness studies (None: retrieval order)."""
+    """The document order of the robustness studies (None: retrieval order). Every method applies
+    it to the calls whose output can be the answer, never to search-only steps (eval/methods.py
+    `_Baseline.docs`, KairLoop's answer prompt)."""
     if shuffle_seed is None and robust.gold_position is None:
         return None
 

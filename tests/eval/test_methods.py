@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from eval.methods import METHODS, MethodSettings, answer_after_marker, build_method
@@ -83,6 +85,26 @@ def test_final_docs_hook_reorders_the_answer_documents(word_overlap):
     final = t.final_prompt[-1]["content"]
     titles = [p.title for p in t.all_passages()]
     assert final.index(f"] {titles[-1]}:") < final.index(f"] {titles[0]}:")
+
+
+def _doc_titles(prompt) -> list[str]:
+    return re.findall(r"^\[\d+\] (.+?):", prompt[-1]["content"], re.MULTILINE)
+
+
+def test_final_docs_orders_only_the_calls_that_can_answer_in_every_method(word_overlap):
+    """The robustness order is applied to the same thing in every method: the documents of a call
+    whose output can be the answer. KAIR's steps and iter-retgen's first iteration keep retrieval
+    order (iter-retgen reversed every iteration's documents before)."""
+    s = MethodSettings(loop=LoopConfig(max_steps=2, top_k=3), iter_retgen_iterations=2)
+    reverse = lambda q, docs: list(reversed(docs))
+    run = lambda name, fd: build_method(name, ScriptedLLM(cot_respond), word_overlap, s, final_docs=fd).run(QUESTIONS[:1])[0]
+    for name in ("kair", "iter-retgen"):
+        plain, reordered = run(name, None), run(name, reverse)
+        first_step = lambda t: _doc_titles(t.steps[0].prompt)
+        assert first_step(reordered) == first_step(plain) and len(first_step(plain)) == 3, name
+        assert _doc_titles(reordered.final_prompt) == list(reversed(_doc_titles(plain.final_prompt))), name
+    vanilla = run("vanilla", None), run("vanilla", reverse)
+    assert _doc_titles(vanilla[1].final_prompt) == list(reversed(_doc_titles(vanilla[0].final_prompt)))
 
 
 def test_backend_failure_is_recorded_not_dropped(word_overlap):
