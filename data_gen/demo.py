@@ -163,7 +163,7 @@ class QuestionSet:
 
 
 # A 2Wiki dev question's own paragraphs are a small corpus; the benchmark folder also ships the
-# paragraphs of a 1,000-question dev sample, which the paper-style closed corpus includes.
+# paragraphs of a 1,000-question dev sample, which our closed corpus for it includes.
 EXTRA_CORPUS = {"2wikimultihopqa": ["2wikimultihopqa/corpus_6119.json"]}
 
 

@@ -1,8 +1,10 @@
 """Closed retrieval corpora: the union of the benchmarks' own paragraphs, with stable ids.
 
-The KAIR paper retrieved, for 2Wiki and MuSiQue, from the union of each benchmark's
-paragraphs; `build_corpus` makes that corpus from the loaders in eval.datasets, plus any
-extra paragraph files (e.g. 2Wiki's corpus_6119.json, or a jsonl corpus).
+The KAIR paper does not say what corpus it retrieved from (section 4 names the retriever,
+bge-large-en-v1.5, and top-5 only). Closed corpora are our choice, for machines without a
+Wikipedia index: the union of a benchmark's own paragraphs; `build_corpus` makes it from the
+loaders in eval.datasets, plus any extra paragraph files (e.g. 2Wiki's corpus_6119.json, or a
+jsonl corpus). A prebuilt index (a Wikipedia dump) is the closer setting where one exists.
 
 Paragraphs are deduplicated by (title, text) after whitespace normalization, and a
 paragraph's id is a hash of that normalized pair, so the same paragraph gets the same id in
@@ -114,7 +116,7 @@ def build_corpus(datasets: list[tuple[str, str]], extra_files: Iterable[str | Pa
     no_paragraphs = [name for name, _ in datasets if not get_spec(name).has_paragraphs]
     if no_paragraphs and len(no_paragraphs) == len(datasets) and not extra_files:
         raise CorpusError(f"{', '.join(no_paragraphs)} has no paragraphs (open retrieval), so it cannot make a "
-                          f"corpus on its own; the KAIR paper retrieved Bamboogle from the HotpotQA corpus: "
+                          f"corpus on its own (our configs retrieve Bamboogle from the HotpotQA corpus): "
                           f"add --dataset hotpotqa and/or --extra FILE")
     for name, where in datasets:
         label = f"{get_spec(name).name}:{where}"

@@ -20,8 +20,8 @@ with HotpotQA's rule for yes/no questions: if either normalized string is one of
 partial credit). No shared token gives 0, so F1("", "") = 0 (the official scorer's behaviour,
 unlike SQuAD v2's, which gives 1).
 
-Acc(p, g) = 1 if normalize(g) occurs as a substring of normalize(p) (the "cover" accuracy used
-by FlashRAG and the KAIR paper for long, chatty answers). A gold that normalizes to "" would be
+Acc(p, g) = 1 if normalize(g) occurs as a substring of normalize(p) (FlashRAG's "cover" accuracy,
+reported here for long, chatty answers; the KAIR paper reports F1 and EM only, section 4). A gold that normalizes to "" would be
 contained in every prediction, so for it Acc falls back to EM.
 
 Each metric is maxed over all gold strings (aliases included). `aggregate` reports means x100

@@ -1,10 +1,11 @@
 """Summaries, tables and plots from trace records.
 
-`summarize(traces)` turns one (model, dataset, method) run into the figures the paper reports:
-F1/EM/Acc (Table 1; every question in the denominator, failures score 0), the reached-step
-distribution (Table 6), mean prompt/completion tokens per step (Table 7), wall time per question
-(Table 3), index size per step (Fig 4c), format validity, and retrieval recall of the gold
-paragraphs (Fig 4a) when gold passage ids are known.
+`summarize(traces)` turns one (model, dataset, method) run into the figures the paper reports,
+and a few of ours: F1/EM (Table 1; every question in the denominator, failures score 0) and our
+Acc (cover accuracy, which the paper does not report), the reached-step distribution (Table 6),
+mean prompt/completion tokens per step (Table 7), wall time per question (Table 3), index size
+per step (Fig 4c), our format validity, and retrieval recall of the gold paragraphs (Fig 4a)
+when gold passage ids are known.
 """
 
 from __future__ import annotations
