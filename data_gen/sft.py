@@ -95,7 +95,7 @@ def prompt_set_for(trace: Trace, cfg: SFTConfig, cache: dict[str, PromptSet]) ->
     fmt = trace.index_format
     if fmt not in cache:
         loop = cfg.runtime.loop
-        cache[fmt] = PromptSet.load(fmt, loop.prompt_dir, loop.system_prompt, loop.max_passage_words)
+        cache[fmt] = PromptSet.for_loop(loop, fmt)
     prompts = cache[fmt]
     recorded = trace.extra.get("prompt_version")
     if recorded and recorded != prompts.version:
@@ -131,6 +131,8 @@ def canonical_reasoning(trace: Trace, i: int) -> str:
     reproducible through the loop."""
     st = trace.steps[i]
     before = trace.steps[i - 1].index if i > 0 else empty_index(trace.index_format)
+    # The canonical output holds the whole index after the step, which reads back the same under
+    # either index_update rule: SFT targets teach the model to write I_t whole.
     parsed = parse_step_output(canonical_output(st), trace.index_format, before, trace.question.question)
     if (parsed.index, parsed.judgment, parsed.next_query) != (st.index, st.judgment, st.next_query) or parsed.fallbacks:
         raise NotReproducible(f"trajectory {source_key(trace)} step {st.step}: its canonical output does not parse back "

@@ -363,7 +363,7 @@ def run_silver(questions: list[Question], retriever: Retriever, runtime: Runtime
     """Silver trajectories for `questions` (with their gold metadata), one batched retrieval
     call per step over every chain still running."""
     loop = runtime.loop
-    prompts = PromptSet.load(loop.index_format, loop.prompt_dir, loop.system_prompt, loop.max_passage_words)
+    prompts = PromptSet.for_loop(loop)
     fmt = get_format(prompts.format)
     builder = INDEX_BUILDERS[fmt.name]
     gold = GoldDocs(corpus)
@@ -410,7 +410,7 @@ def _silver_step(s: ChainState, docs: list[ScoredPassage], prompts: PromptSet, b
                              "sufficient" if complete else "insufficient", next_query)
     prompt = prompts.init(q0, docs) if not tr.steps else prompts.update(q0, docs, prev, tr.steps[-1].reasoning, s.query)
     # What the loop would record for this output: the parser's reading of it.
-    parsed = parse_step_output(raw, fmt.name, prev, q0)
+    parsed = parse_step_output(raw, fmt.name, prev, q0, prompts.index_update)
     fallbacks = list(parsed.fallbacks) + ([FALLBACK_RETRIEVAL_EMPTY] if not docs else [])
     tr.steps.append(Step(step=len(tr.steps) + 1, query=s.query, retrieved=list(docs), prompt=prompt, raw_output=raw,
                          index=parsed.index, reasoning=parsed.reasoning, judgment=parsed.judgment,

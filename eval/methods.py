@@ -124,8 +124,7 @@ class NoEvolving:
     def __init__(self, llm, retriever, settings: MethodSettings, final_docs):
         self.llm = llm
         self.searching = _no_index(llm, retriever, settings, final_docs)
-        self.prompts = PromptSet.load(settings.loop.index_format, settings.loop.prompt_dir,
-                                      settings.loop.system_prompt, settings.loop.max_passage_words)
+        self.prompts = PromptSet.for_loop(settings.loop)
         self.sampling = self.searching.loop.step_sampling
         self.answer_sampling = self.searching.loop.answer_sampling
         self.final_docs = final_docs
@@ -180,7 +179,7 @@ class _Baseline:
     def __init__(self, llm, retriever, settings: MethodSettings, final_docs):
         self.llm, self.retriever, self.settings, self.final_docs = llm, retriever, settings, final_docs
         lc = settings.loop
-        self.docs_layout = PromptSet.load(lc.index_format, lc.prompt_dir, lc.system_prompt, lc.max_passage_words)
+        self.docs_layout = PromptSet.for_loop(lc)
         self.system = lc.system_prompt
 
     def render(self, template: str, **values: str) -> list[Message]:

@@ -77,6 +77,9 @@ class RetrieverConfig:
 @dataclass
 class LoopConfig:
     index_format: str = "kr"  # kr | text | keywords | facts | kf
+    # What the loop keeps of the index the model writes each step (kair_runtime/index.py):
+    # merge (I_t = I_{t-1} + what it wrote; nothing is lost) | replace (I_t = what it wrote)
+    index_update: str = "merge"
     max_steps: int = 4
     top_k: int = 5
     step_max_tokens: int = 384

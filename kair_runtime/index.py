@@ -2,7 +2,8 @@
 
 Each format knows how to linearize an `Index` for the prompt (Eq. 7 for K&R), parse one out of
 the body of a model's `<index>` section, and merge the model's updated index into the previous
-one. Parsing is lenient (bullets, numbering, `->`/`→`/`|` separators, quotes, stray prose) and
+one. How a step's index becomes the loop's index is the loop setting `index_update`
+(`apply_index_update`, with the sentence the update prompt says about it). Parsing is lenient (bullets, numbering, `->`/`→`/`|` separators, quotes, stray prose) and
 never raises; an index it cannot read comes back empty and the caller decides the fallback.
 """
 
@@ -38,6 +39,27 @@ def get_format(name: str) -> IndexFormat:
     if key not in INDEX_FORMATS:
         raise KeyError(f"unknown index format {name!r}; choose one of {sorted(INDEX_FORMATS)}")
     return INDEX_FORMATS[key]
+
+
+# The index-evolution contract (Eq. 8-9: the model writes I_t; the update is incremental). In every
+# format the model writes its updated index; `loop.index_update` says what the loop keeps:
+#   merge   I_t = I_{t-1} + what the model wrote: nothing it leaves out is lost, repeats collapse
+#           (a text summary keeps the previous sentences it does not repeat);
+#   replace I_t = what the model wrote: it may drop what no longer matters.
+# Either way an index the model did not write (or that cannot be read) leaves I_{t-1} in place, as a
+# recorded fallback (parser.py). The update prompts say the rule in these words ($index_rule):
+INDEX_UPDATE_RULES = {
+    "merge": "Items of your previous index that you leave out are kept.",
+    "replace": "The index you write replaces the previous one: write it whole, keeping what still matters.",
+}
+
+
+def apply_index_update(format_name: str, previous: Index, written: Index, update: str) -> Index:
+    if update == "replace":
+        return replace(written)
+    if update == "merge":
+        return get_format(format_name).merge(previous, written)
+    raise ValueError(f"index_update must be one of {', '.join(INDEX_UPDATE_RULES)}, got {update!r}")
 
 
 def empty_index(format_name: str) -> Index:
@@ -90,6 +112,13 @@ def _strip_edges(text: str) -> str:
 
 def _balanced(text: str) -> bool:
     return all(text.count(o) == text.count(c) for o, c in _BRACKETS.items())
+
+
+def _sentences(text: str) -> list[str]:
+    return [s for s in (p.strip() for p in _SENTENCE_END.split(text)) if s]
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def clean_item(text: str) -> str:
@@ -248,8 +277,11 @@ class TextSummary:
         return Index(format=self.name, summary=_SPACE.sub(" ", " ".join(lines)).strip())
 
     def merge(self, previous: Index, new: Index) -> Index:
-        # A summary is rewritten as a whole each step: the newest non-empty one wins.
-        return replace(new) if new.summary else replace(previous)
+        # A summary's items are its sentences: the previous ones the new summary does not repeat
+        # come first, then the new summary.
+        new_keys = {norm_key(s) for s in _sentences(new.summary)}
+        kept = [s for s in _sentences(previous.summary) if norm_key(s) not in new_keys]
+        return Index(format=self.name, summary=" ".join(kept + [new.summary.strip()]).strip())
 
 
 @register_format

@@ -57,8 +57,7 @@ class KairLoop:
         self.final_docs = final_docs
         self.cfg = config or LoopConfig()
         check_no_repeat_ngram(llm, self.cfg.no_repeat_ngram)
-        self.prompts = prompts or PromptSet.load(self.cfg.index_format, self.cfg.prompt_dir,
-                                                 self.cfg.system_prompt, self.cfg.max_passage_words)
+        self.prompts = prompts or PromptSet.for_loop(self.cfg)
         self.step_sampling = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                             max_tokens=self.cfg.step_max_tokens, seed=self.cfg.seed,
                                             no_repeat_ngram=self.cfg.no_repeat_ngram)
@@ -126,7 +125,8 @@ class KairLoop:
     def _record_step(self, s: QuestionState, docs, prompt, c: Completion, wall: float) -> None:
         tr = s.trace
         prev_index = tr.steps[-1].index if tr.steps else empty_index(self.prompts.format)
-        parsed = parse_step_output(c.text, self.prompts.format, prev_index, tr.question.question)
+        parsed = parse_step_output(c.text, self.prompts.format, prev_index, tr.question.question,
+                                   self.prompts.index_update)
         fallbacks = list(parsed.fallbacks)
         if not docs:
             fallbacks.append(FALLBACK_RETRIEVAL_EMPTY)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from kair_runtime.index import norm_key, IndexFormat, get_format, has_index_header
+from kair_runtime.index import norm_key, IndexFormat, apply_index_update, get_format, has_index_header
 from kair_runtime.records import (
     FALLBACK_INDEX_MISSING,
     FALLBACK_JUDGMENT_MISSING,
@@ -169,12 +169,15 @@ def fallback_query(question: str, index: Index) -> str:
     return f"{question} {tail}".strip()
 
 
-def parse_step_output(raw: str, format_name: str, previous: Index, question: str) -> ParsedStep:
-    """Never raises on what the model wrote; an unknown `format_name` is the caller's bug and
-    raises KeyError."""
+def parse_step_output(raw: str, format_name: str, previous: Index, question: str,
+                      index_update: str = "merge") -> ParsedStep:
+    """The step's `index` is the loop's index after this step: what the model wrote applied to
+    `previous` by `index_update` (index.py's contract). Never raises on what the model wrote; an
+    unknown `format_name` or `index_update` is the caller's bug and raises."""
     fmt = get_format(format_name)
+    apply_index_update(format_name, previous, previous, index_update)  # the caller's bug raises here
     try:
-        return _parse(raw if isinstance(raw, str) else str(raw), fmt, previous, question)
+        return _parse(raw if isinstance(raw, str) else str(raw), fmt, previous, question, index_update)
     except Exception as e:  # the contract is "never raises": record the bug instead
         return ParsedStep(
             index=previous, reasoning="", judgment="insufficient",
@@ -184,7 +187,7 @@ def parse_step_output(raw: str, format_name: str, previous: Index, question: str
         )
 
 
-def _parse(raw: str, fmt: IndexFormat, previous: Index, question: str) -> ParsedStep:
+def _parse(raw: str, fmt: IndexFormat, previous: Index, question: str, index_update: str) -> ParsedStep:
     sections = split_sections(raw)
     fallbacks: list[str] = []
 
@@ -200,7 +203,7 @@ def _parse(raw: str, fmt: IndexFormat, previous: Index, question: str) -> Parsed
         index = previous
         fallbacks.append(FALLBACK_INDEX_MISSING)
     else:
-        index = fmt.merge(previous, parsed)
+        index = apply_index_update(fmt.name, previous, parsed, index_update)
 
     reasoning = sections.get("reasoning", "")
     judgment_src = sections.get("judgment")

@@ -3,7 +3,9 @@
 Templates live in `kair_runtime/prompts/`: `<format>/init.txt` and `<format>/update.txt` per index
 format, and `answer.txt`, `answer_docs.txt`, `answer_index.txt` for the final answer (a format may
 override them with its own `<format>/answer*.txt`). Placeholders are `$question`, `$documents`,
-`$index`, `$reasoning`, `$query`. A user can point `prompt_dir` at a copy to change them.
+`$index`, `$reasoning`, `$query`, and in update prompts `$index_rule`: the sentence of
+kair_runtime/index.py that says what the loop does with the index the model writes
+(loop.index_update). A user can point `prompt_dir` at a copy to change them.
 
 Rendering is a pure function of the trace's contents, so data_gen can rebuild every prompt from
 a trace byte for byte (that is how SFT examples match inference).
@@ -17,7 +19,8 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
-from kair_runtime.index import get_format
+from kair_runtime.config import LoopConfig
+from kair_runtime.index import INDEX_UPDATE_RULES, get_format
 from kair_runtime.records import Index, Message, ScoredPassage
 
 ROLES = ("init", "update", "answer", "answer_docs", "answer_index")
@@ -35,10 +38,19 @@ class PromptSet:
     templates: dict[str, str]
     system: str | None = None
     max_passage_words: int | None = None  # truncate each passage in prompts (small models)
+    index_update: str = "merge"  # which of index.py's INDEX_UPDATE_RULES the update prompt states
+
+    @classmethod
+    def for_loop(cls, loop: LoopConfig, format_name: str | None = None) -> "PromptSet":
+        """The prompts a loop with these settings renders (format_name: another format's)."""
+        return cls.load(format_name or loop.index_format, loop.prompt_dir, loop.system_prompt,
+                        loop.max_passage_words, loop.index_update)
 
     @classmethod
     def load(cls, format_name: str, prompt_dir: str | Path | None = None, system: str | None = None,
-             max_passage_words: int | None = None) -> "PromptSet":
+             max_passage_words: int | None = None, index_update: str = "merge") -> "PromptSet":
+        if index_update not in INDEX_UPDATE_RULES:
+            raise ValueError(f"index_update must be one of {', '.join(INDEX_UPDATE_RULES)}, got {index_update!r}")
         fmt = get_format(format_name).name
         root = Path(prompt_dir) if prompt_dir else default_prompt_dir()
         templates = {}
@@ -48,7 +60,8 @@ class PromptSet:
             if not path.exists():
                 raise FileNotFoundError(f"prompt template for {fmt}/{role} not found: looked for {own} and {shared}")
             templates[role] = path.read_text(encoding="utf-8")
-        return cls(format=fmt, templates=templates, system=system, max_passage_words=max_passage_words)
+        return cls(format=fmt, templates=templates, system=system, max_passage_words=max_passage_words,
+                   index_update=index_update)
 
     @property
     def version(self) -> str:
@@ -56,7 +69,7 @@ class PromptSet:
         h = hashlib.sha256()
         for role in ROLES:
             h.update(role.encode() + b"\0" + self.templates[role].encode() + b"\0")
-        h.update(repr((self.system, self.max_passage_words)).encode())
+        h.update(repr((self.system, self.max_passage_words, self.index_update)).encode())
         return h.hexdigest()[:12]
 
     def format_documents(self, passages: list[ScoredPassage]) -> str:
@@ -85,7 +98,8 @@ class PromptSet:
     def update(self, question: str, docs: list[ScoredPassage], index: Index, reasoning: str,
                query: str) -> list[Message]:
         return self.messages("update", question=question, documents=self.format_documents(docs),
-                             index=self.linearize(index), reasoning=reasoning or "(none)", query=query)
+                             index=self.linearize(index), reasoning=reasoning or "(none)", query=query,
+                             index_rule=INDEX_UPDATE_RULES[self.index_update])
 
     def answer(self, question: str, docs: list[ScoredPassage], index: Index | None, mode: str = "answer") -> list[Message]:
         """mode: "answer" (docs + index, Eq. 6), "answer_docs" (Eq. 3), "answer_index"."""

@@ -102,11 +102,15 @@ def test_kf_merge_joins_facts_under_one_keyword():
     assert merged.keyword_facts == [["Coldplay", ["British band", "formed in 1996"]], ["Lost!", ["a song"]]]
 
 
-def test_text_merge_keeps_newest_non_empty_summary():
+def test_text_merge_keeps_the_previous_sentences_the_new_summary_does_not_repeat():
+    """A summary's items are its sentences: under merge a model that writes only the new part loses
+    nothing (before, the newest summary replaced the whole previous one)."""
     text = get_format("text")
-    old, new = Index(format="text", summary="old"), Index(format="text", summary="new")
-    assert text.merge(old, new).summary == "new"
-    assert text.merge(old, Index(format="text")).summary == "old"
+    old = Index(format="text", summary="Lost! is a song by Coldplay. Coldplay is a British band.")
+    new = Index(format="text", summary="coldplay is a british  band. Coldplay formed in 1996.")
+    assert text.merge(old, new).summary == ("Lost! is a song by Coldplay. "
+                                            "coldplay is a british  band. Coldplay formed in 1996.")
+    assert text.merge(old, Index(format="text")).summary == old.summary
 
 
 @pytest.mark.parametrize("sep", ["->", "→", "|", "-->", "=>"])

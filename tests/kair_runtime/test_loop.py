@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from kair_runtime.config import LoopConfig
+from kair_runtime.index import INDEX_UPDATE_RULES, get_format
 from kair_runtime.llm.base import BackendError
 from kair_runtime.llm.scripted import ScriptedLLM, echo_kair
 from kair_runtime.loop import KairLoop, extract_answer
@@ -167,3 +168,32 @@ def test_no_repeat_ngram_reaches_every_step_and_answer_call():
 def test_no_repeat_ngram_on_a_backend_that_cannot_ban_fails_before_any_question():
     with pytest.raises(BackendError, match="scripted cannot ban repeated n-grams"):
         KairLoop(ScriptedLLM(echo_kair), WordOverlap(), LoopConfig(no_repeat_ngram=24))
+
+
+# One item per format: what a step-1 output writes (A) and what a step-2 output writes instead (B).
+ONE_ITEM = {"kr": ("Keywords: Lost!\nRelationships:\nLost! -> is a song by -> Coldplay",
+                   "Keywords: 1996\nRelationships:\nColdplay -> formed in -> 1996"),
+            "keywords": ("Keywords: Lost!", "Keywords: 1996"),
+            "facts": ("Facts:\n- Lost! is a song by Coldplay.", "Facts:\n- Coldplay formed in 1996."),
+            "kf": ("Keywords and facts:\nLost!: a song by Coldplay", "Keywords and facts:\nColdplay: formed in 1996"),
+            "text": ("Summary: Lost! is a song by Coldplay.", "Summary: Coldplay formed in 1996.")}
+
+
+@pytest.mark.parametrize("fmt", sorted(ONE_ITEM))
+@pytest.mark.parametrize("update", ["merge", "replace"])
+def test_index_update_is_one_contract_in_every_format(fmt, update):
+    """loop.index_update decides, alike in every format, what the loop keeps of the index the model
+    writes, and the update prompt says the same rule. Before, four formats merged and text replaced,
+    whatever the prompt said."""
+    first, second = ONE_ITEM[fmt]
+
+    def respond(messages):
+        step = 1 if "Your previous index" not in messages[-1]["content"] else 2
+        return (f"<index>\n{first if step == 1 else second}\n</index>\n"
+                f"<reasoning>Judgment: insufficient</reasoning>\n<query>Coldplay formed</query>")
+    cfg = LoopConfig(index_format=fmt, max_steps=2, index_update=update)
+    tr = KairLoop(ScriptedLLM(respond), WordOverlap(), cfg).run_one(QUESTIONS[0])
+    linear = get_format(fmt).linearize(tr.steps[1].index)
+    assert ("1996" in linear) and (("Lost!" in linear) == (update == "merge")), linear
+    assert INDEX_UPDATE_RULES[update] in tr.steps[1].prompt[-1]["content"]
+    assert tr.steps[1].fallbacks == []
