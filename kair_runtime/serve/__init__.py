@@ -2,6 +2,7 @@
 
     app.py        the FastAPI app: /v1/answer, /v1/answer/stream (SSE), /healthz, /v1/info, /
     scheduler.py  the worker thread that batches concurrent requests into loop rounds
+    body_limit.py the ASGI middleware that refuses request bodies over server.max_body_bytes
     config.py     ServeConfig: a runtime config plus a `server` section
     cli.py        the `serve` command (mounted on the main `kair` app)
     static/       the single demo page

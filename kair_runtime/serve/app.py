@@ -7,7 +7,8 @@ Routes:
     POST /v1/answer         {question, max_steps?, top_k?, index_format?, return_trace?}
                             -> {id, answer, index, steps, usage, latency_s, ...} (+ trace)
     POST /v1/answer/stream  the same request; server-sent events: start, step..., answer | error
-    GET  /healthz           200 once the model, adapter and retriever are loaded; 503 before
+    GET  /healthz           200 once the model, adapter and retriever are loaded; 503 before. With an
+                            API key, only {status} unless the request carries the key
     GET  /v1/info           model, adapter, retriever, corpus size, formats, limits, versions
     GET  /                  the demo page (static/index.html)
 
@@ -15,7 +16,8 @@ The model loads on a background thread after startup, so /healthz can answer 503
 meanwhile. Every request goes to the `Scheduler`'s worker thread, which batches concurrent
 requests into the loop's rounds; its callbacks cross back to the event loop with
 `call_soon_threadsafe`. Errors: 401 bad or missing key, 422 invalid request, 502 the backend or
-retriever failed for this request, 503 not loaded / busy / shutting down, 504 timed out.
+retriever failed for this request, 503 not loaded / busy / shutting down, 504 timed out, 413 a
+body over server.max_body_bytes (refused before it is read whole).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from typing import Any, AsyncIterator, Callable, Optional
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic_core import PydanticCustomError
 
 from kair_runtime.index import INDEX_FORMATS, empty_index, get_format
 from kair_runtime.llm import build_llm, close_llm
@@ -45,6 +48,7 @@ from kair_runtime.llm.base import LLM
 from kair_runtime.records import Index, Question, Step, Trace
 from kair_runtime.retrieval import build_retriever
 from kair_runtime.retrieval.base import Retriever
+from kair_runtime.serve.body_limit import BodyLimit
 from kair_runtime.serve.config import ServeConfig
 from kair_runtime.serve.scheduler import Scheduler, SchedulerBusy, Settings, Ticket
 
@@ -57,13 +61,31 @@ VERSIONED = ("kair", "fastapi", "uvicorn", "pydantic", "torch", "transformers", 
 
 class AnswerRequest(BaseModel):
     # Unknown fields are an error: a misspelt "max_step" must not silently fall back to a default.
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a JSON value must already have the field's type. Lax mode would read "3", 2.0 and
+    # true as max_steps=3, 2, 1 and "true" as return_trace, hiding a client's bug behind a guess.
+    # The ranges of max_steps and top_k depend on the server's limits: `Service.settings_for`.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     question: str
     max_steps: Optional[int] = None
     top_k: Optional[int] = None
     index_format: Optional[str] = None
     return_trace: bool = False
+
+    @field_validator("question", "index_format")
+    @classmethod
+    def unicode_text(cls, value: Optional[str]) -> Optional[str]:
+        # JSON may carry a lone surrogate escape ("\ud800") that Python decodes into a str that
+        # is not Unicode text: it cannot be encoded as UTF-8, so the tokenizer, the retriever and
+        # the response writer would each fail on it later, as a 502 or a broken stream.
+        if value is not None:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise PydanticCustomError(
+                    "lone_surrogate", "not valid Unicode text: a lone surrogate U+{code} at character "
+                    "{position}; send UTF-8 text", {"code": f"{ord(value[e.start]):04X}", "position": e.start})
+        return value
 
 
 class RequestError(Exception):
@@ -147,7 +169,7 @@ class Service:
         if not 1 <= top_k <= s.max_top_k:
             raise RequestError(422, f"top_k: must be between 1 and {s.max_top_k}, got {top_k}")
         allowed = self.allowed_formats()
-        name = req.index_format or loop.index_format
+        name = loop.index_format if req.index_format is None else req.index_format
         try:
             fmt = get_format(name).name
         except KeyError:
@@ -319,7 +341,8 @@ def default_builder(cfg: ServeConfig) -> Builder:
 
 def create_app(cfg: ServeConfig, *, api_key: Optional[str] = None, build: Optional[Builder] = None) -> FastAPI:
     """The ASGI app. `build` loads (llm, retriever); by default from `cfg` via the registries.
-    With `api_key`, every /v1 route needs `Authorization: Bearer <key>`; / and /healthz stay open."""
+    With `api_key`, every /v1 route needs `Authorization: Bearer <key>`; / and /healthz stay open,
+    but /healthz shows its details (model, adapter, load error) only to a request with the key."""
     service = Service(cfg=cfg, build=build or default_builder(cfg))
 
     bridges: dict[asyncio.AbstractEventLoop, EventBridge] = {}
@@ -339,12 +362,16 @@ def create_app(cfg: ServeConfig, *, api_key: Optional[str] = None, build: Option
 
     app = FastAPI(title="kair serve", version=versions().get("kair") or "dev", lifespan=lifespan)
     app.state.service = service
+    app.add_middleware(BodyLimit, max_bytes=cfg.server.max_body_bytes)
+
+    def has_key(request: Request) -> bool:
+        if not api_key:
+            return True
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
     def authorize(request: Request) -> None:
-        if not api_key:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        if not has_key(request):
             raise HTTPException(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                                 headers={"WWW-Authenticate": "Bearer"})
 
@@ -410,15 +437,23 @@ def create_app(cfg: ServeConfig, *, api_key: Optional[str] = None, build: Option
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.get("/healthz")
-    async def healthz() -> JSONResponse:
-        body = {"status": service.status, "backend": cfg.llm.backend, "model": cfg.llm.model,
+    async def healthz(request: Request) -> JSONResponse:
+        status = service.status
+        if status == "ready" and service.scheduler is not None and not service.scheduler.running:
+            status = "stopped"
+        code = 200 if status == "ready" else 503
+        # Probes and the page ask without a key: they get the state word, which is all a probe
+        # needs and names no file. The model, adapter path and load error (with its file paths)
+        # are for key holders. Without --api-key the server is local and trusted (the CLI warns
+        # when it binds beyond loopback without one), so everyone gets the details.
+        if not has_key(request):
+            return JSONResponse({"status": status}, status_code=code)
+        body = {"status": status, "backend": cfg.llm.backend, "model": cfg.llm.model,
                 "adapter": cfg.llm.adapter, "retriever": cfg.retriever.kind,
                 "llm": getattr(service.llm, "name", None)}
-        if service.status == "ready" and service.scheduler is not None and not service.scheduler.running:
-            body["status"] = "stopped"
         if service.error:
             body["error"] = service.error
-        return JSONResponse(body, status_code=200 if body["status"] == "ready" else 503)
+        return JSONResponse(body, status_code=code)
 
     @app.get("/v1/info", dependencies=[Depends(authorize)])
     async def info() -> JSONResponse:
@@ -450,7 +485,7 @@ def info_body(service: Service) -> dict[str, Any]:
         "index_format": get_format(cfg.loop.index_format).name,
         "index_formats": service.allowed_formats(),
         "defaults": {"max_steps": cfg.loop.max_steps, "top_k": cfg.loop.top_k},
-        "limits": {"max_question_chars": cfg.server.max_question_chars,
+        "limits": {"max_question_chars": cfg.server.max_question_chars, "max_body_bytes": cfg.server.max_body_bytes,
                    "max_steps": cfg.server.max_steps_limit, "max_top_k": cfg.server.max_top_k,
                    "request_timeout_s": cfg.server.request_timeout_s},
         "batching": {"max_batch": cfg.server.max_batch, "batch_wait_ms": cfg.server.batch_wait_ms,
@@ -467,6 +502,8 @@ def describe_validation(e: RequestValidationError) -> str:
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         if err.get("type") == "json_invalid":
             parts.append(f"the body is not valid JSON ({err.get('ctx', {}).get('error', 'decode error')})")
+        elif err.get("type") == "string_unicode":  # pydantic's word for a field *name* with a lone surrogate
+            parts.append("a field name is not valid Unicode text (a lone surrogate escape); send UTF-8 text")
         elif not loc:  # the body as a whole: missing, or not an object (a list, a string, form data)
             parts.append('the body must be a JSON object like {"question": "..."} sent with '
                          "Content-Type: application/json")

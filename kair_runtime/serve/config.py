@@ -15,6 +15,8 @@ from pathlib import Path
 from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig, load_config
 from kair_runtime.index import get_format
 
+BODY_OVERHEAD_BYTES = 1024  # the JSON around the question: the other fields, quotes, whitespace
+
 
 @dataclass
 class ServerConfig:
@@ -24,6 +26,9 @@ class ServerConfig:
     max_queue: int = 1024  # requests waiting for a slot beyond that; more get 503
     request_timeout_s: float = 300.0  # a request that is not answered by then gets 504
     max_question_chars: int = 2000
+    # Request bodies over this many bytes get 413 before they are read whole. It must hold a
+    # question at max_question_chars (see check_serve_config).
+    max_body_bytes: int = 64 * 1024
     max_steps_limit: int = 8  # per-request max_steps must be in 1..this
     max_top_k: int = 20  # per-request top_k must be in 1..this
     # Index formats a request may ask for; empty means every registered format.
@@ -55,10 +60,17 @@ def check_serve_config(cfg: ServeConfig, where: str = "<config>") -> None:
     positive = {"server.max_batch": s.max_batch, "server.max_queue": s.max_queue,
                 "server.request_timeout_s": s.request_timeout_s, "server.max_question_chars": s.max_question_chars,
                 "server.max_steps_limit": s.max_steps_limit, "server.max_top_k": s.max_top_k,
-                "server.keepalive_s": s.keepalive_s}
+                "server.keepalive_s": s.keepalive_s, "server.max_body_bytes": s.max_body_bytes}
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{where}: {key} must be > 0, got {value}")
+    # A question at the character limit, sent as UTF-8 (up to 4 bytes a character), plus room for
+    # the other fields, must fit: otherwise a valid question would get 413 instead of an answer.
+    needed = 4 * s.max_question_chars + BODY_OVERHEAD_BYTES
+    if s.max_body_bytes < needed:
+        raise ConfigError(f"{where}: server.max_body_bytes={s.max_body_bytes} cannot hold a question of "
+                          f"server.max_question_chars={s.max_question_chars} (needs >= {needed}: 4 bytes a "
+                          f"character + {BODY_OVERHEAD_BYTES})")
     if s.batch_wait_ms < 0:
         raise ConfigError(f"{where}: server.batch_wait_ms must be >= 0, got {s.batch_wait_ms}")
     for key, name in [("loop.index_format", cfg.loop.index_format)] + [

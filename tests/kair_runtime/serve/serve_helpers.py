@@ -15,15 +15,15 @@ pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from kair_runtime.config import LoopConfig  # noqa: E402
+from kair_runtime.config import LLMConfig, LoopConfig  # noqa: E402
 from kair_runtime.llm.scripted import ScriptedLLM, echo_kair  # noqa: E402
 from kair_runtime.serve.app import create_app  # noqa: E402
 from kair_runtime.serve.config import ServeConfig, ServerConfig  # noqa: E402
 from lexical import WordOverlap  # noqa: E402
 
 
-def serve_config(loop: dict | None = None, **server) -> ServeConfig:
-    return ServeConfig(loop=LoopConfig(**{"max_steps": 3, "top_k": 3, **(loop or {})}),
+def serve_config(loop: dict | None = None, llm: dict | None = None, **server) -> ServeConfig:
+    return ServeConfig(llm=LLMConfig(**(llm or {})), loop=LoopConfig(**{"max_steps": 3, "top_k": 3, **(loop or {})}),
                        server=dataclasses.replace(ServerConfig(batch_wait_ms=5.0), **server))
 
 
@@ -38,11 +38,12 @@ def wait_ready(client: TestClient, timeout: float = 20.0) -> None:
 
 @contextmanager
 def serving(llm=None, retriever=None, *, api_key: str | None = None, build=None, ready: bool = True,
-            loop: dict | None = None, **server) -> Iterator[TestClient]:
-    """A TestClient on the app with its lifespan running (the model loads on a thread)."""
+            loop: dict | None = None, llm_config: dict | None = None, **server) -> Iterator[TestClient]:
+    """A TestClient on the app with its lifespan running (the model loads on a thread).
+    `llm_config` only sets what the config says (e.g. the adapter path /healthz shows)."""
     llm = llm if llm is not None else ScriptedLLM(echo_kair)
     retriever = retriever if retriever is not None else WordOverlap()
-    app = create_app(serve_config(loop, **server), api_key=api_key, build=build or (lambda: (llm, retriever)))
+    app = create_app(serve_config(loop, llm_config, **server), api_key=api_key, build=build or (lambda: (llm, retriever)))
     with TestClient(app) as client:
         if ready:
             wait_ready(client)

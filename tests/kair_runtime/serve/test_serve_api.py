@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from serve_helpers import GatedLLM, insufficient_kair, parse_sse, serving
+from serve_helpers import GatedLLM, insufficient_kair, parse_sse, serve_config, serving
 from kair_runtime.llm.scripted import ScriptedLLM, echo_kair
 from kair_runtime.records import Trace
+from kair_runtime.serve.app import create_app
 from kair_runtime.serve.cli import serve
 from kair_runtime.serve.config import ServeConfig, load_serve_config
+from kair_runtime.serve.thread import BackgroundServer
+from lexical import WordOverlap
 
 ROOT = Path(__file__).resolve().parents[3]
 Q = "When was the band behind Wonderwall formed?"
@@ -108,6 +114,18 @@ def test_api_key_is_required_on_v1_routes_but_not_healthz():
     ({"question": Q, "max_step": 2}, "max_step: unknown field"),
     ({}, "question: Field required"),
     ({"question": 42}, "question: Input should be a valid string"),
+    # Strict types: no coercion of strings, floats or booleans into the fields' types.
+    ({"question": Q, "max_steps": "3"}, "max_steps: Input should be a valid integer"),
+    ({"question": Q, "max_steps": 2.0}, "max_steps: Input should be a valid integer"),
+    ({"question": Q, "max_steps": True}, "max_steps: Input should be a valid integer"),
+    ({"question": Q, "top_k": "2"}, "top_k: Input should be a valid integer"),
+    ({"question": Q, "top_k": 1.0}, "top_k: Input should be a valid integer"),
+    ({"question": Q, "top_k": False}, "top_k: Input should be a valid integer"),
+    ({"question": Q, "return_trace": "true"}, "return_trace: Input should be a valid boolean"),
+    ({"question": Q, "return_trace": 1}, "return_trace: Input should be a valid boolean"),
+    ({"question": Q, "index_format": 3}, "index_format: Input should be a valid string"),
+    ({"question": Q, "index_format": ""}, "index_format: unknown or not served: ''"),
+    ({"question": ["a", "b"]}, "question: Input should be a valid string"),
 ])
 def test_bad_input_is_a_422_naming_the_problem(body, needle):
     with serving(max_question_chars=200, max_steps_limit=5) as c:
@@ -123,6 +141,24 @@ def test_malformed_json_is_a_clear_422(raw, needle):
     with serving() as c:
         r = c.post("/v1/answer", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 422 and needle in r.json()["detail"]
+
+
+@pytest.mark.parametrize("raw,needle", [
+    (rb'{"question": "\ud800 When was Oasis formed?"}', "question: not valid Unicode text: a lone surrogate U+D800"),
+    (rb'{"question": "When was Oasis formed? \udfff"}', "question: not valid Unicode text: a lone surrogate U+DFFF"),
+    (rb'{"question": "When was Oasis formed?", "index_format": "kr\ud800"}', "index_format: not valid Unicode"),
+    (rb'{"question": "When was Oasis formed?", "\ud800": 1}', "a field name is not valid Unicode text"),
+])
+def test_a_lone_surrogate_is_a_422_on_both_routes(raw, needle):
+    with serving() as c:
+        for route in ("/v1/answer", "/v1/answer/stream"):
+            r = c.post(route, content=raw, headers={"content-type": "application/json"})
+            assert r.status_code == 422, r.text
+            assert needle in r.json()["detail"]
+        # An escaped pair is one valid character (U+1F600) and still answers.
+        ok = c.post("/v1/answer", content=rb'{"question": "Oasis \ud83d\ude00 formed?"}',
+                    headers={"content-type": "application/json"})
+        assert ok.status_code == 200 and "\U0001F600" in ok.json()["question"]
 
 
 def _exploding(messages):
@@ -151,6 +187,55 @@ def test_retriever_failure_is_a_502_and_the_worker_survives():
         for _ in range(2):  # the second request proves the worker thread is still alive
             r = c.post("/v1/answer", json={"question": Q})
             assert r.status_code == 502 and "retrieval service unreachable" in r.json()["detail"]
+
+
+def test_a_body_over_the_limit_is_a_413_naming_the_limit():
+    with serving(max_question_chars=200, max_body_bytes=2048) as c:
+        for route in ("/v1/answer", "/v1/answer/stream"):
+            r = c.post(route, json={"question": Q, "pad": "x" * 4000})
+            assert r.status_code == 413, r.text
+            assert "over the limit of 2048 bytes (server.max_body_bytes)" in r.json()["detail"]
+        # No Content-Length: the received bytes are counted.
+        r = c.post("/v1/answer", content=iter([b'{"question": "', b"x" * 4000, b'"}']),
+                   headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "over the limit of 2048 bytes" in r.json()["detail"]
+        # Just under the limit is an ordinary request (here: a 422 for the question's length).
+        r = c.post("/v1/answer", json={"question": "x" * 2000})
+        assert r.status_code == 422 and "over the limit of 200" in r.json()["detail"]
+        assert c.post("/v1/answer", json={"question": Q}).status_code == 200
+
+
+def _http(url: str, head: bytes, body_chunks: list[bytes]) -> tuple[int, dict]:
+    """Send a request by hand (headers, then some body but never its end) and read the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head)
+        for chunk in body_chunks:
+            sock.sendall(chunk)
+        data = b""
+        while part := sock.recv(65536):  # the 413 says Connection: close, so the server hangs up
+            data += part
+    status = int(data.split(b" ", 2)[1])
+    return status, json.loads(data.split(b"\r\n\r\n", 1)[1])
+
+
+def test_a_large_body_is_refused_before_it_is_read_whole():
+    """Against uvicorn itself: the 413 arrives while the client has not finished (or even started)
+    sending the body, so the server never waits for, or holds, all of it."""
+    app = create_app(serve_config(max_question_chars=200, max_body_bytes=2048),
+                     build=lambda: (ScriptedLLM(echo_kair), WordOverlap()))
+    with BackgroundServer(app) as server:
+        server.wait_ready(20)
+        declared = (b"POST /v1/answer HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+                    b"content-length: 100000000\r\n\r\n")
+        status, body = _http(server.url, declared, [b'{"question": "'])
+        assert status == 413 and "100000000 bytes is over the limit of 2048" in body["detail"]
+        chunked = (b"POST /v1/answer/stream HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n"
+                   b"transfer-encoding: chunked\r\n\r\n")
+        chunk = b"x" * 1000
+        status, body = _http(server.url, chunked, [b"%x\r\n%s\r\n" % (len(chunk), chunk)] * 4)  # no last chunk
+        assert status == 413 and "over the limit of 2048 bytes" in body["detail"]
+        assert httpx.post(server.url + "/v1/answer", json={"question": Q}, timeout=10).status_code == 200
 
 
 def test_healthz_is_503_while_loading_then_200():
@@ -185,6 +270,31 @@ def test_a_model_that_fails_to_load_is_reported():
         assert h.status_code == 503 and "adapter_config.json" in h.json()["error"]
         r = c.post("/v1/answer", json={"question": Q})
         assert r.status_code == 503 and "failed to load" in r.json()["detail"]
+
+
+def test_healthz_shows_details_only_with_the_key():
+    def bad_build():
+        raise FileNotFoundError("no adapter_config.json in /srv/secret/runs/missing")
+
+    key = {"Authorization": "Bearer s3cret"}
+    with serving(api_key="s3cret", build=bad_build, ready=False) as c:
+        deadline = time.monotonic() + 10
+        while c.get("/healthz").json()["status"] == "loading" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = c.get("/healthz", headers=headers)
+            assert r.status_code == 503 and r.json() == {"status": "failed"}
+            assert "/srv/secret" not in r.text
+        r = c.get("/healthz", headers=key)
+        assert r.status_code == 503 and "/srv/secret/runs/missing" in r.json()["error"]
+    with serving(api_key="s3cret", llm_config={"adapter": "/srv/secret/adapter"}) as c:
+        r = c.get("/healthz")
+        assert r.status_code == 200 and r.json() == {"status": "ready"}
+        detailed = c.get("/healthz", headers=key).json()
+        assert detailed["status"] == "ready" and detailed["llm"] == "scripted"
+        assert detailed["adapter"] == "/srv/secret/adapter"
+    with serving(llm_config={"adapter": "/srv/local/adapter"}) as c:  # no key configured: a local, trusted server
+        assert c.get("/healthz").json()["adapter"] == "/srv/local/adapter"
 
 
 def test_a_request_that_takes_too_long_is_a_504():
@@ -292,6 +402,10 @@ def test_serve_config_errors_name_the_key(tmp_path):
         load_serve_config(p)
     p.write_text("loop:\n  max_steps: 9\nserver:\n  max_steps_limit: 4\n")
     with pytest.raises(Exception, match=r"loop\.max_steps=9 is outside"):
+        load_serve_config(p)
+    p.write_text("server:\n  max_question_chars: 1000\n  max_body_bytes: 4096\n")
+    with pytest.raises(Exception, match=r"server\.max_body_bytes=4096 cannot hold a question of "
+                                        r"server\.max_question_chars=1000 \(needs >= 5024"):
         load_serve_config(p)
 
 

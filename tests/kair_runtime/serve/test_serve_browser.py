@@ -95,3 +95,25 @@ def test_page_streams_steps_draws_the_index_and_highlights_the_answer(browser, t
     assert browser.find_elements(By.CSS_SELECTOR, "#graph circle.gold")  # the answer's node
     assert shot.stat().st_size > 10_000
     assert not browser.find_element(By.ID, "error").is_displayed()
+
+
+def test_page_works_with_an_api_key(browser):
+    """With --api-key, /healthz tells the page only the state word; that is all the page reads
+    from it, and the key typed into the page unlocks /v1/info and the answer stream."""
+    app = create_app(serve_config({"max_steps": 2, "top_k": 3}), api_key="s3cret",
+                     build=lambda: (ScriptedLLM(echo_kair), WordOverlap()))
+    with BackgroundServer(app) as server:
+        server.wait_ready(30)
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 30, poll_frequency=0.05)
+        wait.until(lambda d: d.find_element(By.ID, "health").text == "ready")
+        wait.until(lambda d: d.find_element(By.ID, "model").text == "API key needed")
+        key = browser.find_element(By.ID, "key")
+        key.send_keys("s3cret")
+        browser.execute_script("arguments[0].dispatchEvent(new Event('change'))", key)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#format option"))  # /v1/info with the key
+        browser.find_element(By.ID, "question").send_keys(QUESTION)
+        browser.find_element(By.ID, "go").click()
+        wait.until(lambda d: d.find_element(By.ID, "answer").is_displayed())
+        assert browser.find_element(By.ID, "answer-text").text
+        assert not browser.find_element(By.ID, "error").is_displayed()
