@@ -30,7 +30,6 @@ Bamboogle, whose metadata is kept as FlashRAG wrote it (not the keys above).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import random
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from kair_runtime.jsonl import BadLine, JsonlError, iter_json_records as read_json_records
 from kair_runtime.records import Question
 
 log = logging.getLogger(__name__)
@@ -97,29 +97,14 @@ def shared_data_dir() -> Path:
 
 
 def iter_json_records(path: str | Path) -> Iterator[tuple[str, Any]]:
-    """Yield (location, record) from a JSON array or a jsonl file; location is `file:line`
-    for jsonl and `file[record i]` (0-based) for an array. A jsonl line that is not JSON
-    comes through as a MalformedRecord in place of the record."""
-    path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        head = f.read(4096).lstrip()
-        f.seek(0)
-        if head.startswith("["):
-            try:
-                records = json.load(f)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-            for i, rec in enumerate(records):
-                yield f"{path}[record {i}]", rec
-            return
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:  # handed on, so skip mode can count it
-                rec = MalformedRecord(f"not valid JSON ({e.msg})")
-            yield f"{path}:{lineno}", rec
+    """Yield (location, record) from a JSON array or a jsonl file (kair_runtime.jsonl's reading
+    rules: UTF-8, a BOM dropped, errors naming file and line). A jsonl line that is not JSON
+    comes through as a MalformedRecord in place of the record, so skip mode can count it."""
+    try:
+        for where, rec in read_json_records(path, keep_bad=True):
+            yield where, MalformedRecord(rec.reason) if isinstance(rec, BadLine) else rec
+    except JsonlError as e:
+        raise DatasetError(str(e)) from None
 
 
 # ---------------------------------------------------------------- field checks
@@ -164,6 +149,28 @@ def _facts(rec: dict[str, Any]) -> list[list[Any]]:
         if not (isinstance(fact, list) and len(fact) == 2 and isinstance(fact[0], str) and isinstance(fact[1], int)):
             raise MalformedRecord(f"supporting_facts[{i}] should be [title, sentence_index], got {fact!r}")
     return [[t, s] for t, s in facts]
+
+
+# Keys that only one benchmark's records have: a record carrying another benchmark's keys is that
+# benchmark's, and parsing it with this loader would give silently wrong questions (a HotpotQA
+# file read as Bamboogle loses its ids and paragraphs; a 2Wiki file read as HotpotQA joins its
+# sentences without spaces).
+SIGNATURES: dict[str, frozenset[str]] = {
+    "hotpotqa": frozenset({"_id", "context", "supporting_facts"}),
+    "2wikimultihopqa": frozenset({"evidences", "entity_ids"}),
+    "musique": frozenset({"paragraphs", "question_decomposition"}),
+    "flashrag": frozenset({"golden_answers"}),
+    "ircot": frozenset({"question_text", "answers_objects", "contexts"}),  # IRCoT's processed files
+}
+
+
+def _not_foreign(rec: dict[str, Any], own: str, allowed: frozenset[str] = frozenset()) -> None:
+    """Refuse a record that has keys of another benchmark's schema (`allowed`: keys this one shares)."""
+    for other, keys in SIGNATURES.items():
+        found = sorted((keys - allowed) & rec.keys())
+        if other != own and found:
+            raise MalformedRecord(f"has {', '.join(map(repr, found))}, keys of the {other} schema, not {own}'s; "
+                                  f"name the dataset the file belongs to")
 
 
 def _unique(items: list[str]) -> list[str]:
@@ -237,6 +244,7 @@ def _hub_flashrag(folder: str) -> HubRows:
 @register("hotpotqa", aliases=("hotpot",), hub=_hub_hotpotqa,
           files={"dev": "hotpotqa/dev_distractor_500.jsonl", "train": "hotpotqa/train_100.json"})
 def parse_hotpotqa(rec: dict[str, Any], pos: int) -> Question:
+    _not_foreign(rec, "hotpotqa")
     context = _titled_sentences(_get(rec, "context", list))
     meta = {"type": rec.get("type", ""), "level": rec.get("level", "")}
     # HotpotQA sentences keep their leading space, so "".join restores the paragraph.
@@ -248,6 +256,7 @@ def parse_hotpotqa(rec: dict[str, Any], pos: int) -> Question:
 @register("2wikimultihopqa", aliases=("2wiki", "2wikimqa", "twowiki"), files={"dev": "2wikimultihopqa/dev_164.jsonl"},
           hub=_hub_flashrag("2wikimultihopqa"), hub_schema="flashrag")
 def parse_2wiki(rec: dict[str, Any], pos: int) -> Question:
+    _not_foreign(rec, "2wikimultihopqa", allowed=SIGNATURES["hotpotqa"])
     context = _titled_sentences(_get(rec, "context", list))
     evidences = _get(rec, "evidences", list)
     for i, ev in enumerate(evidences):
@@ -263,6 +272,7 @@ def parse_2wiki(rec: dict[str, Any], pos: int) -> Question:
 @register("musique", hub=_hub_musique,
           files={"dev": "musique/ans_dev_200.jsonl", "train": "musique/train_100.json"})
 def parse_musique(rec: dict[str, Any], pos: int) -> Question:
+    _not_foreign(rec, "musique")
     qid = _text(rec, "id")
     paragraphs = _get(rec, "paragraphs", list)
     context, supporting, by_idx = [], [], {}
@@ -293,6 +303,7 @@ def parse_musique(rec: dict[str, Any], pos: int) -> Question:
 @register("bamboogle", files={"test": "bamboogle/test_125.jsonl"}, has_paragraphs=False,
           hub=_hub_flashrag("bamboogle"), hub_schema="flashrag")
 def parse_bamboogle(rec: dict[str, Any], pos: int) -> Question:
+    _not_foreign(rec, "bamboogle")
     qid = _text(rec, "idx") if "idx" in rec else str(pos)
     return Question(id=qid, question=_get(rec, "question", str), answers=[_text(rec, "answer")],
                     dataset="bamboogle", metadata={})
@@ -300,6 +311,7 @@ def parse_bamboogle(rec: dict[str, Any], pos: int) -> Question:
 
 @register("flashrag", files={})
 def parse_flashrag(rec: dict[str, Any], pos: int) -> Question:
+    _not_foreign(rec, "flashrag")
     answers = _get(rec, "golden_answers", list)
     if not answers:
         raise MalformedRecord("'golden_answers' is empty")
@@ -338,6 +350,8 @@ def read_questions(name: str, records: Iterator[tuple[str, Any]], skip_malformed
     spec = get_spec(name)
     parse = parse or spec.parse
     questions, skipped = [], []
+    first_at: dict[str, str] = {}
+    pos = 0
     for pos, (where, rec) in enumerate(records, 1):
         try:
             if isinstance(rec, MalformedRecord):
@@ -352,7 +366,15 @@ def read_questions(name: str, records: Iterator[tuple[str, Any]], skip_malformed
                 raise DatasetError(f"{where}: malformed {spec.name} record: {e}") from None
             skipped.append(f"{where}: {e}")
             continue
+        # Not skippable: which of the two is the real question is not ours to guess, and both
+        # would share one trace key.
+        if q.id in first_at:
+            raise DatasetError(f"{where}: duplicate {spec.name} id {q.id!r} (first at {first_at[q.id]})")
+        first_at[q.id] = where
         questions.append(q if q.dataset == spec.name else dataclasses.replace(q, dataset=spec.name))
+    if not questions:
+        found = f"all {pos} record(s) malformed (first: {skipped[0]})" if skipped else "no records (an empty file?)"
+        raise DatasetError(f"{source or spec.name}: {found}")
     if skipped:
         log.warning("%s: skipped %d malformed %s record(s); first: %s", source, len(skipped), spec.name, skipped[0])
     return LoadResult(questions, skipped, source)
