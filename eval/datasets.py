@@ -6,7 +6,8 @@
     bamboogle         `idx, question, answer` (no paragraphs: open retrieval)
     flashrag          FlashRAG's uniform `{id, question, golden_answers, metadata}`
 
-A file is a JSON array or jsonl, told apart by its first non-space character. Every Question
+A file is a JSON array or jsonl, told apart by its first non-space character, read as UTF-8 (a
+BOM at the start is dropped) by kair_runtime.jsonl. Every Question
 keeps the gold annotations in `metadata`, under the same keys for every benchmark that has them:
 
     context                [{title, text}]   the question's own paragraphs (for closed corpora)
@@ -20,7 +21,9 @@ keeps the gold annotations in `metadata`, under the same keys for every benchmar
 
 A malformed record raises `DatasetError` naming the file and line (record index for a JSON
 array); with `skip_malformed=True` it is skipped and listed in `LoadResult.skipped`.
-A Bamboogle record without `idx` gets its 1-based position in the file as id.
+A Bamboogle record without `idx` gets its 1-based position in the file as id. A record with keys of
+another benchmark's schema (`SIGNATURES`) is malformed: the file was named as the wrong benchmark.
+Two records with one id, or a file with no question, raise `DatasetError` (even in skip mode).
 
 `hub=True` (needs internet) reads hub copies instead: hotpotqa/hotpot_qa (distractor) and
 dgslibisey/MuSiQue, rebuilt into the official schema, and FlashRAG's copies of 2Wiki and

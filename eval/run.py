@@ -3,11 +3,14 @@
 Evaluate every (model, dataset, method) combination and write a run folder:
 
     RUN/config.yaml                              the resolved config
+    RUN/corpora/*.jsonl (+ .sources.json)        closed corpora, and the files each was built from
     RUN/<model>/<dataset>/<method>/traces.jsonl  one trace per question (resumable)
     RUN/summary.json                             every figure of every combination
     RUN/results.md                               Table 1 layout + run statistics
     RUN/plots/*.png                              F1, step distribution, index size per step
 
+Retrieval is over each dataset's closed corpus (the paragraphs of the file evaluated, unless
+`corpus`/`corpus_from` say otherwise), or over the prebuilt index of `runtime.retriever.index_dir`.
 A rerun of the same command continues where it stopped: finished questions are read back from
 traces.jsonl (a torn last line from a kill is dropped) and only the rest are run.
 `kair eval compare RUN [RUN ...]` prints one table over several runs.
