@@ -370,8 +370,7 @@ def train_student(cfg: DemoConfig, out: Path, console) -> tuple[Path, list[dict[
     if path.exists() and yaml.safe_load(path.read_text(encoding="utf-8")) == settings and saved_student(student):
         console.print(f"reusing {student}: {path} has the same settings and the student was saved")
         return student, loss_log(student), False
-    path.write_text(f"# python -m train.sft --config {path}\n" + yaml.safe_dump(settings, sort_keys=False),
-                    encoding="utf-8")
+    atomic_write_text(path, f"# python -m train.sft --config {path}\n" + yaml.safe_dump(settings, sort_keys=False))
     run(["--config", str(path)])
     return student, loss_log(student), True
 
@@ -507,8 +506,8 @@ def write_serve_config(cfg: DemoConfig, student: Path, corpus: Path, out: Path) 
                         retriever=rc if rc.index_dir else dataclasses.replace(rc, corpus=str(corpus)),
                         loop=cfg.runtime.loop)
     path = out / "serve.yaml"
-    path.write_text(f"# kair serve --config {path} --port 8000\n" + yaml.safe_dump(to_dict(serve), sort_keys=False),
-                    encoding="utf-8")
+    atomic_write_text(path, f"# kair serve --config {path} --port 8000\n"
+                      + yaml.safe_dump(to_dict(serve), sort_keys=False))
     return path
 
 
@@ -597,8 +596,7 @@ def claim_traces(cfg: DemoConfig, out: Path) -> None:
     path = out / "traces" / "settings.yaml"
     settings = to_dict(cfg)
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(settings, sort_keys=False), encoding="utf-8")
+        atomic_write_text(path, yaml.safe_dump(settings, sort_keys=False))
         return
     old = yaml.safe_load(path.read_text(encoding="utf-8"))
     changed = sorted(k for k in _changed_keys(old, settings)
@@ -683,8 +681,8 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
     info = {"rows": rows, "student": str(student), "trained_this_run": trained, "data": data, "data_source": source,
             "train_log": log, "training_s": training_seconds(student), "wall_s": wall, "out_dir": str(out),
             "serve_config": str(serve_config), "plots": [str(p) for p in plots]}
-    (out / "summary.json").write_text(json.dumps(info, indent=2, default=str), encoding="utf-8")
-    (out / "results.md").write_text(results_markdown(cfg, rows, info, note), encoding="utf-8")
+    atomic_write_text(out / "summary.json", json.dumps(info, indent=2, default=str))
+    atomic_write_text(out / "results.md", results_markdown(cfg, rows, info, note))
     console.print(rich_table(rows, cfg.runtime.llm.model))
     console.print(f"serve the tuned student:\n  kair serve --config {serve_config} --port 8000")
     console.print(f"plots: {out / 'plots'}  run folder: {out} (results.md, summary.json, traces/)  "

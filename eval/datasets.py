@@ -419,18 +419,21 @@ def load_dataset(name: str, path: str | Path | None = None, split: str = "dev", 
         file = Path(path) if path is not None else default_path(spec.name, split)
         source, records, parse = str(file), iter_json_records(file), spec.parse
     result = read_questions(spec.name, records, skip_malformed, source, parse)
-    result.questions = subset(result.questions, limit, sample, seed)
+    try:
+        result.questions = subset(result.questions, limit, sample, seed)
+    except DatasetError as e:
+        raise DatasetError(f"{source}: {e}") from None
     return result
 
 
 def subset(items: list[Question], limit: int | None = None, sample: int | None = None, seed: int = 0) -> list[Question]:
     if limit is not None:
         if limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
+            raise DatasetError(f"limit must be >= 0, got {limit}")
         return items[:limit]
     if sample is not None:
         if not 0 <= sample <= len(items):
-            raise ValueError(f"cannot sample {sample} of {len(items)} questions")
+            raise DatasetError(f"cannot sample {sample} of {len(items)} questions")
         keep = sorted(random.Random(seed).sample(range(len(items)), sample))
         return [items[i] for i in keep]
     return items

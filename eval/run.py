@@ -291,8 +291,8 @@ def _claim_run_dir(run_dir: Path, cfg: EvalConfig) -> None:
 
 def write_reports(rows: list[dict], run_dir: Path) -> None:
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    (run_dir / "summary.json").write_text(json.dumps(rows, indent=2), encoding="utf-8")
-    (run_dir / "results.md").write_text(markdown_report(rows, datasets) + _robustness(rows), encoding="utf-8")
+    atomic_write_text(run_dir / "summary.json", json.dumps(rows, indent=2))
+    atomic_write_text(run_dir / "results.md", markdown_report(rows, datasets) + _robustness(rows))
     write_plots(rows, datasets, run_dir / "plots")
 
 
