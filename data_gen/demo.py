@@ -47,6 +47,7 @@ import yaml
 from data_gen.silver import Hop, chain, fact_with, mentions
 from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig, apply_overrides, \
     from_dict, read_yaml, to_dict
+from kair_runtime.jsonl import atomic_write_text
 from kair_runtime.records import Question, Trace
 
 QUESTIONS_FILE = "demo_questions.jsonl"
@@ -216,21 +217,23 @@ def benchmark_file(root: Path, name: str, split: str) -> Path:
 
 def benchmark_sets(cfg: DemoConfig, out: Path) -> tuple[QuestionSet, list[QuestionSet]]:
     """Benchmark files: the train sets share the closed corpus of their own paragraphs; each dev
-    set gets the closed corpus of its split (every question's paragraphs, not only dev_limit's)."""
+    set gets the closed corpus of its split (every question's paragraphs, not only dev_limit's).
+    With `runtime.retriever.index_dir` every set retrieves from that prebuilt index instead, and
+    its passages are the corpus gold ids map into."""
     from data_gen.store import DataSpec, load_questions
-    from eval.corpus import build_corpus
+    from eval.corpus import cached_corpus
     from eval.run import gold_ids_for
+    from kair_runtime.retrieval.store import PASSAGES
 
     root = Path(cfg.data_dir)
-    (out / "corpora").mkdir(parents=True, exist_ok=True)
+    index = cfg.runtime.retriever.index_dir
 
     def corpus_of(label: str, files: list[tuple[str, Path]], extra: list[Path]) -> Path:
-        path = out / "corpora" / f"{label}.jsonl"
-        if not path.exists():  # built once: a resumed run must retrieve from the same passages
-            tmp = path.with_name(f".{path.name}.tmp")
-            build_corpus([(n, str(f)) for n, f in files], extra_files=extra, out=tmp)
-            tmp.replace(path)
-        return path
+        if index:
+            return Path(index) / PASSAGES
+        # Built once and reused only while its sources are unchanged: a resumed run must
+        # retrieve from the same passages.
+        return cached_corpus([(n, str(f)) for n, f in files], extra, out / "corpora" / f"{label}.jsonl")
 
     train_files = [(n, benchmark_file(root, n, s)) for n, s in map(_name_split, cfg.train_sets)]
     train_qs = load_questions([DataSpec(n, path=str(f)) for n, f in train_files])
@@ -367,8 +370,7 @@ def train_student(cfg: DemoConfig, out: Path, console) -> tuple[Path, list[dict[
     if path.exists() and yaml.safe_load(path.read_text(encoding="utf-8")) == settings and saved_student(student):
         console.print(f"reusing {student}: {path} has the same settings and the student was saved")
         return student, loss_log(student), False
-    path.write_text(f"# python -m train.sft --config {path}\n" + yaml.safe_dump(settings, sort_keys=False),
-                    encoding="utf-8")
+    atomic_write_text(path, f"# python -m train.sft --config {path}\n" + yaml.safe_dump(settings, sort_keys=False))
     run(["--config", str(path)])
     return student, loss_log(student), True
 
@@ -499,12 +501,13 @@ def write_serve_config(cfg: DemoConfig, student: Path, corpus: Path, out: Path) 
     """OUT/serve.yaml: the tuned student behind the loop settings it was trained with."""
     from kair_runtime.serve.config import ServeConfig
 
-    serve = ServeConfig(llm=tuned_llm(cfg, student), retriever=dataclasses.replace(cfg.runtime.retriever,
-                                                                                   corpus=str(corpus)),
+    rc = cfg.runtime.retriever
+    serve = ServeConfig(llm=tuned_llm(cfg, student),
+                        retriever=rc if rc.index_dir else dataclasses.replace(rc, corpus=str(corpus)),
                         loop=cfg.runtime.loop)
     path = out / "serve.yaml"
-    path.write_text(f"# kair serve --config {path} --port 8000\n" + yaml.safe_dump(to_dict(serve), sort_keys=False),
-                    encoding="utf-8")
+    atomic_write_text(path, f"# kair serve --config {path} --port 8000\n"
+                      + yaml.safe_dump(to_dict(serve), sort_keys=False))
     return path
 
 
@@ -593,8 +596,7 @@ def claim_traces(cfg: DemoConfig, out: Path) -> None:
     path = out / "traces" / "settings.yaml"
     settings = to_dict(cfg)
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(settings, sort_keys=False), encoding="utf-8")
+        atomic_write_text(path, yaml.safe_dump(settings, sort_keys=False))
         return
     old = yaml.safe_load(path.read_text(encoding="utf-8"))
     changed = sorted(k for k in _changed_keys(old, settings)
@@ -624,7 +626,7 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     claim_traces(cfg, out)
-    (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    atomic_write_text(out / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     wall: dict[str, float] = {}
     started = last = time.perf_counter()
 
@@ -643,11 +645,15 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
     source = f"benchmark files in {cfg.data_dir}" if benchmark else (cfg.data_dir or "the embedded demo world")
     rc = cfg.runtime.retriever
     retrievers = {}
+
+    def over(qs: QuestionSet) -> str:  # a prebuilt index serves every set; else each its own corpus
+        return rc.index_dir or str(qs.corpus)
+
     for qs in [train, *dev]:
-        if str(qs.corpus) not in retrievers:
-            retrievers[str(qs.corpus)] = build_retriever(dataclasses.replace(rc, corpus=str(qs.corpus), index_dir=None))
-        console.print(f"{qs.label}: {len(qs.questions)} questions, {rc.kind} retriever over {qs.corpus}")
-    by_set = {qs.label: retrievers[str(qs.corpus)] for qs in [train, *dev]}
+        if over(qs) not in retrievers:
+            retrievers[over(qs)] = build_retriever(rc if rc.index_dir else dataclasses.replace(rc, corpus=str(qs.corpus)))
+        console.print(f"{qs.label}: {len(qs.questions)} questions, {rc.kind} retriever over {over(qs)}")
+    by_set = {qs.label: retrievers[over(qs)] for qs in [train, *dev]}
 
     stage("data")
     data = make_sft_data(cfg, train, by_set[train.label], out)
@@ -675,8 +681,8 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
     info = {"rows": rows, "student": str(student), "trained_this_run": trained, "data": data, "data_source": source,
             "train_log": log, "training_s": training_seconds(student), "wall_s": wall, "out_dir": str(out),
             "serve_config": str(serve_config), "plots": [str(p) for p in plots]}
-    (out / "summary.json").write_text(json.dumps(info, indent=2, default=str), encoding="utf-8")
-    (out / "results.md").write_text(results_markdown(cfg, rows, info, note), encoding="utf-8")
+    atomic_write_text(out / "summary.json", json.dumps(info, indent=2, default=str))
+    atomic_write_text(out / "results.md", results_markdown(cfg, rows, info, note))
     console.print(rich_table(rows, cfg.runtime.llm.model))
     console.print(f"serve the tuned student:\n  kair serve --config {serve_config} --port 8000")
     console.print(f"plots: {out / 'plots'}  run folder: {out} (results.md, summary.json, traces/)  "
@@ -713,11 +719,13 @@ def demo_command(
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.learning_rate=5e-4"),
 ) -> None:
     """The whole distillation on the CPU: index, trajectories, SFT of the student, eval, serve."""
+    from eval.run import USER_ERRORS
+
     try:
         cfg = load_demo_config(config, set_, out=out, train_steps=train_steps, max_steps=max_steps, data=data,
                                model=model, dev_limit=dev_limit)
         run_demo(cfg)
-    except (ConfigError, FileNotFoundError) as e:
+    except USER_ERRORS as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
 

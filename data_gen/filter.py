@@ -25,7 +25,7 @@ from data_gen.store import read_trajectories
 from eval.metrics import score
 from kair_runtime.config import ConfigError
 from kair_runtime.index import index_size
-from kair_runtime.jsonl import JsonlWriter
+from kair_runtime.jsonl import JsonlWriter, atomic_write_text
 from kair_runtime.records import FORMAT_FALLBACKS, Trace
 
 F1_BINS = 10
@@ -124,8 +124,8 @@ def run_filter(cfg: FilterConfig, traces: list[Trace] | None = None) -> dict[str
         w.write(v.trace.to_dict() for v in kept)
     tmp.replace(out / "kept.jsonl")
     report = build_report(verdicts, kept, cfg)
-    (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
-    (out / "report.md").write_text(report_markdown(report), encoding="utf-8")
+    atomic_write_text(out / "report.json", json.dumps(report, indent=2, ensure_ascii=False))
+    atomic_write_text(out / "report.md", report_markdown(report))
     return report
 
 

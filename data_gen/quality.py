@@ -27,6 +27,7 @@ from typing import Any
 from data_gen.silver import entity_of
 from eval.metrics import normalize_answer, token_f1
 from kair_runtime.index import get_format
+from kair_runtime.jsonl import atomic_write_text
 from kair_runtime.records import Index, Trace
 
 MATCH_F1 = 0.5
@@ -156,8 +157,8 @@ def write_quality(rows: list[dict[str, Any]], traces: list[Trace], out: Path) ->
     """quality.json (summary + per trajectory) and quality.md."""
     out.parent.mkdir(parents=True, exist_ok=True)
     per = [asdict(trajectory_quality(t)) for t in traces]
-    out.write_text(json.dumps({"summary": rows, "trajectories": per}, indent=2, ensure_ascii=False), encoding="utf-8")
-    out.with_suffix(".md").write_text(quality_markdown(rows), encoding="utf-8")
+    atomic_write_text(out, json.dumps({"summary": rows, "trajectories": per}, indent=2, ensure_ascii=False))
+    atomic_write_text(out.with_suffix(".md"), quality_markdown(rows))
 
 
 COLUMNS = [("dataset", "dataset"), ("source", "source"), ("n", "n"), ("complete", "complete"),

@@ -41,6 +41,7 @@ from typing import Any
 from data_gen.store import read_trajectories, source_key, trajectory_files
 from kair_runtime.config import ConfigError, RuntimeConfig
 from kair_runtime.index import empty_index
+from kair_runtime.jsonl import atomic_write_text
 from kair_runtime.output_format import render_step_output
 from kair_runtime.parser import parse_step_output
 from kair_runtime.prompts import PromptSet
@@ -230,8 +231,8 @@ def build_sft(cfg: SFTConfig, traces: list[Trace] | None = None) -> dict[str, An
     DatasetDict({"train": train, "validation": val}).save_to_disk(str(out / "dataset"))
     stats = sft_stats(used, splits, cfg, filter_report(cfg.trajectories), sorted({p.version for p in cache.values()}))
     stats["skipped_not_reproducible"] = skipped
-    (out / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False), encoding="utf-8")
-    (out / "README.md").write_text(dataset_card(stats), encoding="utf-8")
+    atomic_write_text(out / "stats.json", json.dumps(stats, indent=2, ensure_ascii=False))
+    atomic_write_text(out / "README.md", dataset_card(stats))
     return stats
 
 

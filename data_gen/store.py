@@ -14,7 +14,6 @@ folder of jsonl files (a filter output's `kept.jsonl`).
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any, Iterable
 import yaml
 
 from kair_runtime.config import ConfigError
-from kair_runtime.jsonl import JsonlError
+from kair_runtime.jsonl import JsonlError, atomic_write_text, decode_line
 from kair_runtime.records import Question, Trace
 
 TRAJECTORY_DIR = "trajectories"
@@ -64,16 +63,12 @@ def load_questions(specs: list[DataSpec]) -> list[Question]:
 
 def closed_corpus(specs: list[DataSpec], extra: list[str], out: Path) -> Path:
     """The union of the specs' own paragraphs (every question of each split, not only the
-    `limit` ones, so shards and reruns retrieve from the same corpus), built once. It is written
-    to a temporary name and renamed, so machines sharing OUT never read a half-written file."""
-    from eval.corpus import build_corpus
+    `limit` ones, so shards and reruns retrieve from the same corpus), built once (atomically,
+    so machines sharing OUT never read a half-written file) and reused while its sources are
+    unchanged (eval.corpus.cached_corpus)."""
+    from eval.corpus import cached_corpus
 
-    if out.exists():
-        return out
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    build_corpus([(s.name, s.source) for s in specs], extra_files=extra, out=tmp)
-    os.replace(tmp, out)
-    return out
+    return cached_corpus([(s.name, s.source) for s in specs], extra, out)
 
 
 def without_context(q: Question) -> Question:
@@ -146,11 +141,13 @@ def _records(file: Path) -> Iterable[tuple[str, dict[str, Any]]]:
             continue
         last = i == len(lines)  # no "\n" after it: the write never finished
         try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError as e:
+            rec = json.loads(decode_line(raw, file, i))
+        except (json.JSONDecodeError, JsonlError) as e:  # a kill can cut a line inside a UTF-8 character
             if last:
                 print(f"warning: {file}:{i}: skipping a torn last line (a write cut short)", file=sys.stderr)
                 continue
+            if isinstance(e, JsonlError):
+                raise
             raise JsonlError(f"{file}:{i}: not valid JSON ({e.msg})") from None
         if last:
             print(f"warning: {file}:{i}: skipping a last line with no newline (a write cut short)", file=sys.stderr)
@@ -171,6 +168,4 @@ def claim_dir(out_dir: Path, resolved: dict[str, Any], name: str = "config.yaml"
             raise ConfigError(f"{out_dir} holds a run with a different config (differs in: {', '.join(changed)}); "
                               f"use another out_dir or delete the folder")
         return
-    tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
-    tmp.write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, yaml.safe_dump(resolved, sort_keys=False))

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from eval.datasets import SPLIT_ALIASES, LoadResult, MalformedRecord, get_spec, iter_json_records, load_dataset
+from eval.datasets import (SPLIT_ALIASES, LoadResult, MalformedRecord, default_path, get_spec, iter_json_records,
+                           load_dataset)
+from kair_runtime.jsonl import atomic_write, atomic_write_text, read_text
 from kair_runtime.records import Question
 from kair_runtime.retrieval.base import CorpusError, iter_corpus, passage_from_record
 
@@ -54,16 +56,21 @@ def iter_paragraph_file(path: str | Path) -> Iterator[tuple[str, str]]:
         yield p.title, p.text
 
 
-def load_source(name: str, split_or_path: str) -> LoadResult:
-    """A benchmark split we know (dev, train, ...) or a file in that benchmark's schema."""
+def source_file(name: str, split_or_path: str) -> Path:
+    """The file behind a benchmark split we know (dev, train, ...) or a path given as is."""
     spec = get_spec(name)
     split = SPLIT_ALIASES.get(split_or_path, split_or_path)
     if split in spec.files:
-        return load_dataset(spec.name, split=split)
+        return default_path(spec.name, split)
     if Path(split_or_path).is_file():
-        return load_dataset(spec.name, path=split_or_path)
+        return Path(split_or_path)
     raise CorpusError(f"{split_or_path!r} is neither a {spec.name} split ({', '.join(sorted(spec.files)) or 'none'}) "
                       f"nor an existing file")
+
+
+def load_source(name: str, split_or_path: str) -> LoadResult:
+    """A benchmark split we know or a file in that benchmark's schema."""
+    return load_dataset(name, path=source_file(name, split_or_path))
 
 
 # ---------------------------------------------------------------- building
@@ -97,9 +104,7 @@ class Corpus:
         return pid
 
     def write(self, out: str | Path) -> int:
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w", encoding="utf-8") as f:
+        with atomic_write(out) as f:
             for pid, (title, text) in self.paragraphs.items():
                 f.write(json.dumps({"id": pid, "title": title, "text": text}, ensure_ascii=False) + "\n")
         return len(self.paragraphs)
@@ -140,6 +145,62 @@ def build_corpus(datasets: list[tuple[str, str]], extra_files: Iterable[str | Pa
     stats.read, stats.unique = corpus.read, len(corpus.paragraphs)
     stats.written = corpus.write(out)
     return stats
+
+
+# ---------------------------------------------------------------- a corpus built once, for its sources
+
+SOURCES_SUFFIX = ".sources.json"
+
+
+def sources_fingerprint(datasets: list[tuple[str, str]], extra_files: Iterable[str | Path] = ()) -> dict:
+    """What a corpus is built from: the sources as named, and each file's path, size and content
+    hash (a hash, not a time: a copied or touched file with the same bytes is the same source)."""
+    files = [source_file(name, where) for name, where in datasets] + [Path(p) for p in extra_files]
+    return {"sources": [f"{get_spec(n).name}:{w}" for n, w in datasets] + [str(p) for p in extra_files],
+            "files": [{"path": str(f.resolve()), "size": f.stat().st_size, "sha256": _sha256(f)} for f in files]}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def cached_corpus(datasets: list[tuple[str, str]], extra_files: Iterable[str | Path], out: str | Path) -> Path:
+    """`build_corpus` once into `out`, reused by every later run over the same sources.
+
+    The sources' fingerprint is kept beside the corpus (`OUT.sources.json`). A corpus whose
+    sources changed, or one with no fingerprint (an older build), is refused rather than reused
+    or rebuilt: traces already made over it would be mixed with traces over another corpus."""
+    out, extra_files = Path(out), list(extra_files)
+    meta = out.with_name(out.name + SOURCES_SUFFIX)
+    fingerprint = sources_fingerprint(datasets, extra_files)
+    if out.exists():
+        old = json.loads(read_text(meta)) if meta.exists() else None
+        if old is None or _content(old) != _content(fingerprint):
+            why = "has no record of its sources" if old is None else f"was built from other sources ({_changes(old, fingerprint)})"
+            raise CorpusError(f"{out} {why}; delete it, and the runs made over it, to rebuild it")
+        return out
+    # The fingerprint first: a kill between the two leaves no corpus, so the next run builds it.
+    atomic_write_text(meta, json.dumps(fingerprint, indent=2) + "\n")
+    build_corpus(datasets, extra_files=extra_files, out=out)
+    return out
+
+
+def _content(fingerprint: dict) -> tuple:
+    """What must match for reuse: not the absolute paths, so machines that mount a shared
+    output folder and the data at different places still share one corpus."""
+    return fingerprint.get("sources"), [(f["size"], f["sha256"]) for f in fingerprint.get("files", [])]
+
+
+def _changes(old: dict, new: dict) -> str:
+    if old.get("sources") != new["sources"]:
+        return f"{old.get('sources')} then, {new['sources']} now"
+    changed = [f["path"] for f, g in zip(new["files"], old.get("files", []))
+               if (f["size"], f["sha256"]) != (g["size"], g["sha256"])]
+    return "changed since: " + ", ".join(changed)
 
 
 # ---------------------------------------------------------------- gold paragraphs -> corpus ids

@@ -6,7 +6,8 @@
     bamboogle         `idx, question, answer` (no paragraphs: open retrieval)
     flashrag          FlashRAG's uniform `{id, question, golden_answers, metadata}`
 
-A file is a JSON array or jsonl, told apart by its first non-space character. Every Question
+A file is a JSON array or jsonl, told apart by its first non-space character, read as UTF-8 (a
+BOM at the start is dropped) by kair_runtime.jsonl. Every Question
 keeps the gold annotations in `metadata`, under the same keys for every benchmark that has them:
 
     context                [{title, text}]   the question's own paragraphs (for closed corpora)
@@ -20,7 +21,9 @@ keeps the gold annotations in `metadata`, under the same keys for every benchmar
 
 A malformed record raises `DatasetError` naming the file and line (record index for a JSON
 array); with `skip_malformed=True` it is skipped and listed in `LoadResult.skipped`.
-A Bamboogle record without `idx` gets its 1-based position in the file as id.
+A Bamboogle record without `idx` gets its 1-based position in the file as id. A record with keys of
+another benchmark's schema (`SIGNATURES`) is malformed: the file was named as the wrong benchmark.
+Two records with one id, or a file with no question, raise `DatasetError` (even in skip mode).
 
 `hub=True` (needs internet) reads hub copies instead: hotpotqa/hotpot_qa (distractor) and
 dgslibisey/MuSiQue, rebuilt into the official schema, and FlashRAG's copies of 2Wiki and
@@ -30,7 +33,6 @@ Bamboogle, whose metadata is kept as FlashRAG wrote it (not the keys above).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import random
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from kair_runtime.jsonl import BadLine, JsonlError, iter_json_records as read_json_records
 from kair_runtime.records import Question
 
 log = logging.getLogger(__name__)
@@ -97,29 +100,14 @@ def shared_data_dir() -> Path:
 
 
 def iter_json_records(path: str | Path) -> Iterator[tuple[str, Any]]:
-    """Yield (location, record) from a JSON array or a jsonl file; location is `file:line`
-    for jsonl and `file[record i]` (0-based) for an array. A jsonl line that is not JSON
-    comes through as a MalformedRecord in place of the record."""
-    path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        head = f.read(4096).lstrip()
-        f.seek(0)
-        if head.startswith("["):
-            try:
-                records = json.load(f)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-            for i, rec in enumerate(records):
-                yield f"{path}[record {i}]", rec
-            return
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:  # handed on, so skip mode can count it
-                rec = MalformedRecord(f"not valid JSON ({e.msg})")
-            yield f"{path}:{lineno}", rec
+    """Yield (location, record) from a JSON array or a jsonl file (kair_runtime.jsonl's reading
+    rules: UTF-8, a BOM dropped, errors naming file and line). A jsonl line that is not JSON
+    comes through as a MalformedRecord in place of the record, so skip mode can count it."""
+    try:
+        for where, rec in read_json_records(path, keep_bad=True):
+            yield where, MalformedRecord(rec.reason) if isinstance(rec, BadLine) else rec
+    except JsonlError as e:
+        raise DatasetError(str(e)) from None
 
 
 # ---------------------------------------------------------------- field checks
@@ -164,6 +152,28 @@ def _facts(rec: dict[str, Any]) -> list[list[Any]]:
         if not (isinstance(fact, list) and len(fact) == 2 and isinstance(fact[0], str) and isinstance(fact[1], int)):
             raise MalformedRecord(f"supporting_facts[{i}] should be [title, sentence_index], got {fact!r}")
     return [[t, s] for t, s in facts]
+
+
+# Keys that only one benchmark's records have: a record carrying another benchmark's keys is that
+# benchmark's, and parsing it with this loader would give silently wrong questions (a HotpotQA
+# file read as Bamboogle loses its ids and paragraphs; a 2Wiki file read as HotpotQA joins its
+# sentences without spaces).
+SIGNATURES: dict[str, frozenset[str]] = {
+    "hotpotqa": frozenset({"_id", "context", "supporting_facts"}),
+    "2wikimultihopqa": frozenset({"evidences", "entity_ids"}),
+    "musique": frozenset({"paragraphs", "question_decomposition"}),
+    "flashrag": frozenset({"golden_answers"}),
+    "ircot": frozenset({"question_text", "answers_objects", "contexts"}),  # IRCoT's processed files
+}
+
+
+def _not_foreign(rec: dict[str, Any], own: str, allowed: frozenset[str] = frozenset()) -> None:
+    """Refuse a record that has keys of another benchmark's schema (`allowed`: keys this one shares)."""
+    for other, keys in SIGNATURES.items():
+        found = sorted((keys - allowed) & rec.keys())
+        if other != own and found:
+            raise MalformedRecord(f"has {', '.join(map(repr, found))}, keys of the {other} schema, not {own}'s; "
+                                  f"name the dataset the file belongs to")
 
 
 def _unique(items: list[str]) -> list[str]:
@@ -237,6 +247,7 @@ def _hub_flashrag(folder: str) -> HubRows:
 @register("hotpotqa", aliases=("hotpot",), hub=_hub_hotpotqa,
           files={"dev": "hotpotqa/dev_distractor_500.jsonl", "train": "hotpotqa/train_100.json"})
 def parse_hotpotqa(rec: dict[str, Any], pos: int) -> Question:
+    _not_foreign(rec, "hotpotqa")
     context = _titled_sentences(_get(rec, "context", list))
     meta = {"type": rec.get("type", ""), "level": rec.get("level", "")}
     # HotpotQA sentences keep their leading space, so "".join restores the paragraph.
@@ -248,6 +259,7 @@ def parse_hotpotqa(rec: dict[str, Any], pos: int) -> Question:
 @register("2wikimultihopqa", aliases=("2wiki", "2wikimqa", "twowiki"), files={"dev": "2wikimultihopqa/dev_164.jsonl"},
           hub=_hub_flashrag("2wikimultihopqa"), hub_schema="flashrag")
 def parse_2wiki(rec: dict[str, Any], pos: int) -> Question:
+    _not_foreign(rec, "2wikimultihopqa", allowed=SIGNATURES["hotpotqa"])
     context = _titled_sentences(_get(rec, "context", list))
     evidences = _get(rec, "evidences", list)
     for i, ev in enumerate(evidences):
@@ -263,6 +275,7 @@ def parse_2wiki(rec: dict[str, Any], pos: int) -> Question:
 @register("musique", hub=_hub_musique,
           files={"dev": "musique/ans_dev_200.jsonl", "train": "musique/train_100.json"})
 def parse_musique(rec: dict[str, Any], pos: int) -> Question:
+    _not_foreign(rec, "musique")
     qid = _text(rec, "id")
     paragraphs = _get(rec, "paragraphs", list)
     context, supporting, by_idx = [], [], {}
@@ -293,6 +306,7 @@ def parse_musique(rec: dict[str, Any], pos: int) -> Question:
 @register("bamboogle", files={"test": "bamboogle/test_125.jsonl"}, has_paragraphs=False,
           hub=_hub_flashrag("bamboogle"), hub_schema="flashrag")
 def parse_bamboogle(rec: dict[str, Any], pos: int) -> Question:
+    _not_foreign(rec, "bamboogle")
     qid = _text(rec, "idx") if "idx" in rec else str(pos)
     return Question(id=qid, question=_get(rec, "question", str), answers=[_text(rec, "answer")],
                     dataset="bamboogle", metadata={})
@@ -300,6 +314,7 @@ def parse_bamboogle(rec: dict[str, Any], pos: int) -> Question:
 
 @register("flashrag", files={})
 def parse_flashrag(rec: dict[str, Any], pos: int) -> Question:
+    _not_foreign(rec, "flashrag")
     answers = _get(rec, "golden_answers", list)
     if not answers:
         raise MalformedRecord("'golden_answers' is empty")
@@ -338,6 +353,8 @@ def read_questions(name: str, records: Iterator[tuple[str, Any]], skip_malformed
     spec = get_spec(name)
     parse = parse or spec.parse
     questions, skipped = [], []
+    first_at: dict[str, str] = {}
+    pos = 0
     for pos, (where, rec) in enumerate(records, 1):
         try:
             if isinstance(rec, MalformedRecord):
@@ -352,7 +369,15 @@ def read_questions(name: str, records: Iterator[tuple[str, Any]], skip_malformed
                 raise DatasetError(f"{where}: malformed {spec.name} record: {e}") from None
             skipped.append(f"{where}: {e}")
             continue
+        # Not skippable: which of the two is the real question is not ours to guess, and both
+        # would share one trace key.
+        if q.id in first_at:
+            raise DatasetError(f"{where}: duplicate {spec.name} id {q.id!r} (first at {first_at[q.id]})")
+        first_at[q.id] = where
         questions.append(q if q.dataset == spec.name else dataclasses.replace(q, dataset=spec.name))
+    if not questions:
+        found = f"all {pos} record(s) malformed (first: {skipped[0]})" if skipped else "no records (an empty file?)"
+        raise DatasetError(f"{source or spec.name}: {found}")
     if skipped:
         log.warning("%s: skipped %d malformed %s record(s); first: %s", source, len(skipped), spec.name, skipped[0])
     return LoadResult(questions, skipped, source)
@@ -394,18 +419,21 @@ def load_dataset(name: str, path: str | Path | None = None, split: str = "dev", 
         file = Path(path) if path is not None else default_path(spec.name, split)
         source, records, parse = str(file), iter_json_records(file), spec.parse
     result = read_questions(spec.name, records, skip_malformed, source, parse)
-    result.questions = subset(result.questions, limit, sample, seed)
+    try:
+        result.questions = subset(result.questions, limit, sample, seed)
+    except DatasetError as e:
+        raise DatasetError(f"{source}: {e}") from None
     return result
 
 
 def subset(items: list[Question], limit: int | None = None, sample: int | None = None, seed: int = 0) -> list[Question]:
     if limit is not None:
         if limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
+            raise DatasetError(f"limit must be >= 0, got {limit}")
         return items[:limit]
     if sample is not None:
         if not 0 <= sample <= len(items):
-            raise ValueError(f"cannot sample {sample} of {len(items)} questions")
+            raise DatasetError(f"cannot sample {sample} of {len(items)} questions")
         keep = sorted(random.Random(seed).sample(range(len(items)), sample))
         return [items[i] for i in keep]
     return items

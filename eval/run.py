@@ -3,11 +3,14 @@
 Evaluate every (model, dataset, method) combination and write a run folder:
 
     RUN/config.yaml                              the resolved config
+    RUN/corpora/*.jsonl (+ .sources.json)        closed corpora, and the files each was built from
     RUN/<model>/<dataset>/<method>/traces.jsonl  one trace per question (resumable)
     RUN/summary.json                             every figure of every combination
     RUN/results.md                               Table 1 layout + run statistics
     RUN/plots/*.png                              F1, step distribution, index size per step
 
+Retrieval is over each dataset's closed corpus (the paragraphs of the file evaluated, unless
+`corpus`/`corpus_from` say otherwise), or over the prebuilt index of `runtime.retriever.index_dir`.
 A rerun of the same command continues where it stopped: finished questions are read back from
 traces.jsonl (a torn last line from a kill is dropped) and only the rest are run.
 `kair eval compare RUN [RUN ...]` prints one table over several runs.
@@ -16,6 +19,7 @@ traces.jsonl (a torn last line from a kill is dropped) and only the rest are run
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import random
 import re
@@ -28,11 +32,14 @@ import yaml
 
 from eval.methods import METHODS, MethodSettings, build_method
 from eval.report import markdown_report, results_table, summarize, write_plots
-from kair_runtime.config import (ConfigError, RuntimeConfig, apply_overrides, from_dict, read_yaml, to_dict)
-from kair_runtime.jsonl import JsonlWriter, recover
+from eval.datasets import DatasetError
+from kair_runtime.config import (ConfigError, RuntimeConfig, apply_overrides, check_retrieval_settings, from_dict,
+                                 read_yaml, to_dict)
+from kair_runtime.jsonl import JsonlError, JsonlWriter, atomic_write_text, recover
 from kair_runtime.llm import AdapterSwitcher, BackendError
 from kair_runtime.records import Question, ScoredPassage, Trace
-from kair_runtime.retrieval import build_retriever
+from kair_runtime.retrieval import CorpusError, Retriever, build_retriever
+from kair_runtime.retrieval.store import IndexDirError
 
 
 @dataclass
@@ -113,17 +120,69 @@ def load_questions(spec: DatasetSpec, cfg: EvalConfig) -> tuple[list[Question], 
 
 
 def corpus_for(spec: DatasetSpec, cache: Path) -> Path:
-    """The dataset's retrieval corpus: given, or the closed corpus of its sources, built once."""
-    from eval.corpus import build_corpus
+    """The dataset's retrieval corpus: given, or the closed corpus of its sources (by default the
+    file evaluated: `path`, else the split's), built once and reused while its sources are unchanged."""
+    from eval.corpus import cached_corpus
 
     if spec.corpus:
         return Path(spec.corpus)
-    sources = spec.corpus_from or [f"{spec.name}:{spec.split}"]
-    out = cache / ("+".join(s.replace(":", "-") for s in sources) + ".jsonl")
-    if not out.exists():
-        pairs = [tuple(s.split(":", 1)) if ":" in s else (s, "dev") for s in sources]
-        build_corpus(pairs, extra_files=spec.extra_corpus, out=out)
-    return out
+    sources = spec.corpus_from or [f"{spec.name}:{spec.path or spec.split}"]
+    pairs = [(name, where or "dev") for name, _, where in (s.partition(":") for s in sources)]
+    return cached_corpus(pairs, spec.extra_corpus, cache / corpus_file_name(pairs))
+
+
+def corpus_file_name(pairs: list[tuple[str, str]]) -> str:
+    """`musique-dev+hotpotqa-dev.jsonl`; a source given as a file is named by its stem and a hash
+    of its path, so two files with one stem get two corpora."""
+    from eval.datasets import SPLIT_ALIASES, get_spec
+
+    parts = []
+    for name, where in pairs:
+        spec = get_spec(name)
+        if SPLIT_ALIASES.get(where, where) in spec.files:
+            parts.append(f"{spec.name}-{where}")
+        else:
+            digest = hashlib.sha1(str(Path(where).resolve()).encode("utf-8")).hexdigest()[:8]
+            parts.append(f"{spec.name}-{Path(where).stem}-{digest}")
+    return "+".join(parts) + ".jsonl"
+
+
+def retriever_for(spec: DatasetSpec, cfg: EvalConfig, run_dir: Path) -> tuple[Retriever, Path]:
+    """The retriever a dataset is evaluated with, and the passages file its gold ids map into:
+    the prebuilt index of `retriever.index_dir` when set, else one built over its closed corpus."""
+    from kair_runtime.retrieval.store import PASSAGES
+
+    rc = cfg.runtime.retriever
+    if rc.index_dir:
+        return build_retriever(rc), Path(rc.index_dir) / PASSAGES
+    corpus = corpus_for(spec, run_dir / "corpora")
+    return build_retriever(dataclasses.replace(rc, corpus=str(corpus))), corpus
+
+
+def check_eval_config(cfg: EvalConfig) -> None:
+    """Settings that would otherwise fail halfway through a run (or run over nothing)."""
+    from eval.datasets import get_spec
+
+    unknown = [m for m in cfg.methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"unknown method(s) {unknown}; choose from {sorted(METHODS)}")
+    if not cfg.datasets:
+        raise ConfigError("no datasets to evaluate: set `datasets` or pass --datasets")
+    for key in ("limit", "sample"):
+        if getattr(cfg, key) is not None and getattr(cfg, key) < 1:
+            raise ConfigError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+    if cfg.limit is not None and cfg.sample is not None:
+        raise ConfigError("set either limit or sample, not both")
+    if cfg.chunk_size < 1:
+        raise ConfigError(f"chunk_size must be >= 1, got {cfg.chunk_size}")
+    if cfg.baselines.vanilla_top_k < 1:
+        raise ConfigError(f"baselines.vanilla_top_k must be >= 1, got {cfg.baselines.vanilla_top_k}")
+    check_retrieval_settings(cfg.runtime, "runtime.")
+    for i, spec in enumerate(cfg.datasets):
+        get_spec(spec.name)  # an unknown name fails here, before anything is written
+        if cfg.runtime.retriever.index_dir and (spec.corpus or spec.corpus_from or spec.extra_corpus):
+            raise ConfigError(f"datasets[{i}] ({spec.name}) sets a corpus, and runtime.retriever.index_dir "
+                              f"names an index to retrieve from; set one of the two")
 
 
 def final_docs_fn(robust: RobustnessConfig, shuffle_seed: int | None, gold_ids: dict[str, set[str]]):
@@ -153,19 +212,15 @@ def final_docs_fn(robust: RobustnessConfig, shuffle_seed: int | None, gold_ids: 
 def run_eval(cfg: EvalConfig, run_dir: Path, progress: bool = True) -> list[dict]:
     from tqdm import tqdm
 
-    unknown = [m for m in cfg.methods if m not in METHODS]
-    if unknown:
-        raise ConfigError(f"unknown method(s) {unknown}; choose from {sorted(METHODS)}")
-    if not cfg.datasets:
-        raise ConfigError("no datasets to evaluate: set `datasets` or pass --datasets")
+    check_eval_config(cfg)
+    # Every dataset is read before the run folder is claimed: a bad file leaves nothing behind.
+    loaded = [(spec, *load_questions(spec, cfg)) for spec in cfg.datasets]
     _claim_run_dir(run_dir, cfg)
 
     data = []
-    for spec in cfg.datasets:
-        questions, skipped = load_questions(spec, cfg)
-        corpus = corpus_for(spec, run_dir / "corpora")
-        retriever = build_retriever(dataclasses.replace(cfg.runtime.retriever, corpus=str(corpus), index_dir=None))
-        data.append((spec, questions, skipped, retriever, gold_ids_for(questions, corpus)))
+    for spec, questions, skipped in loaded:
+        retriever, passages = retriever_for(spec, cfg, run_dir)
+        data.append((spec, questions, skipped, retriever, gold_ids_for(questions, passages)))
 
     settings = MethodSettings(loop=cfg.runtime.loop, **dataclasses.asdict(cfg.baselines))
     runs = [(m, None) for m in cfg.methods] + [(m, s) for m in cfg.methods for s in cfg.robustness.shuffle_seeds]
@@ -215,6 +270,7 @@ def resume_traces(make_method, questions: list[Question], path: Path, advance,
 
 
 def gold_ids_for(questions: list[Question], corpus: Path) -> dict[str, set[str]]:
+    """Gold passage ids in `corpus` (a corpus jsonl, or an index dir's passages.jsonl)."""
     from eval.corpus import gold_passage_ids
 
     return gold_passage_ids(questions, corpus)
@@ -232,13 +288,13 @@ def _claim_run_dir(run_dir: Path, cfg: EvalConfig) -> None:
             raise ConfigError(f"{run_dir} holds a run with a different config (differs in: {', '.join(changed)}); "
                               "use another --run-name or delete the folder")
     else:
-        path.write_text(yaml.safe_dump(resolved, sort_keys=False), encoding="utf-8")
+        atomic_write_text(path, yaml.safe_dump(resolved, sort_keys=False))
 
 
 def write_reports(rows: list[dict], run_dir: Path) -> None:
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    (run_dir / "summary.json").write_text(json.dumps(rows, indent=2), encoding="utf-8")
-    (run_dir / "results.md").write_text(markdown_report(rows, datasets) + _robustness(rows), encoding="utf-8")
+    atomic_write_text(run_dir / "summary.json", json.dumps(rows, indent=2))
+    atomic_write_text(run_dir / "results.md", markdown_report(rows, datasets) + _robustness(rows))
     write_plots(rows, datasets, run_dir / "plots")
 
 
@@ -261,6 +317,10 @@ def _robustness(rows: list[dict]) -> str:
 
 
 # ---------------------------------------------------------------- CLI
+
+# What a user can fix in the config or the input files; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ConfigError, KeyError, FileNotFoundError, BackendError, DatasetError, CorpusError, JsonlError,
+               IndexDirError)
 
 eval_app = typer.Typer(help="Evaluate prompted and tuned models; compare runs.", no_args_is_help=False,
                        invoke_without_command=True)
@@ -290,8 +350,9 @@ def main(
                                datasets=datasets, methods=methods, limit=limit, run_name=run_name, out_dir=out_dir)
         run_dir = Path(cfg.out_dir) / (cfg.run_name or Path(config).stem)
         rows = run_eval(cfg, run_dir)
-    except (ConfigError, KeyError, FileNotFoundError, BackendError) as e:
-        typer.echo(f"error: {e}", err=True)
+    except USER_ERRORS as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        typer.echo(f"error: {message}", err=True)
         raise typer.Exit(2)
     datasets_seen = list(dict.fromkeys(r["dataset"] for r in rows))
     typer.echo(results_table(rows, datasets_seen))

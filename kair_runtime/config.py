@@ -104,6 +104,18 @@ class RuntimeConfig:
     loop: LoopConfig = field(default_factory=LoopConfig)
 
 
+def check_retrieval_settings(cfg: RuntimeConfig, where: str = "") -> None:
+    """Ranges of the retrieval settings, checked where a config is read: out of range, they would
+    fail at the first search, after the run folder and the model were set up. `where` prefixes
+    the key in the message (e.g. "runtime.")."""
+    for key, value in (("loop.top_k", cfg.loop.top_k), ("retriever.nprobe", cfg.retriever.nprobe),
+                       ("retriever.batch_size", cfg.retriever.batch_size)):
+        if value < 1:
+            raise ConfigError(f"{where}{key} must be >= 1, got {value}")
+    if cfg.retriever.timeout_s <= 0:
+        raise ConfigError(f"{where}retriever.timeout_s must be > 0, got {cfg.retriever.timeout_s}")
+
+
 # ---------------------------------------------------------------- generic helpers
 
 def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:

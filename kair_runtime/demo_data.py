@@ -13,6 +13,7 @@ import json
 from importlib.resources import files
 from pathlib import Path
 
+from kair_runtime.jsonl import iter_lines
 from kair_runtime.records import Passage, Question
 from kair_runtime.retrieval.base import load_corpus
 
@@ -45,19 +46,16 @@ def load_demo_questions(split: str | None = None, path: str | Path | None = None
         raise ValueError(f"unknown demo split {split!r}; choose one of {list(SPLITS)} or None")
     path = Path(path) if path is not None else demo_questions_path()
     out = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                rec_split = rec["split"]
-                q = Question.from_dict(rec)
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-                raise ValueError(f"{path}:{lineno}: bad demo question ({type(e).__name__}: {e})") from None
-            if rec_split not in SPLITS:
-                raise ValueError(f"{path}:{lineno}: split {rec_split!r} is not one of {list(SPLITS)}")
-            q.metadata["split"] = rec_split
-            if split is None or rec_split == split:
-                out.append(q)
+    for lineno, line in iter_lines(path):
+        try:
+            rec = json.loads(line)
+            rec_split = rec["split"]
+            q = Question.from_dict(rec)
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path}:{lineno}: bad demo question ({type(e).__name__}: {e})") from None
+        if rec_split not in SPLITS:
+            raise ValueError(f"{path}:{lineno}: split {rec_split!r} is not one of {list(SPLITS)}")
+        q.metadata["split"] = rec_split
+        if split is None or rec_split == split:
+            out.append(q)
     return out

@@ -1,21 +1,136 @@
-"""Append-only jsonl files that survive a crash or SIGKILL.
+"""Reading JSON/jsonl input and writing files that survive a crash or SIGKILL.
 
-Long jobs (eval runs, teacher generation) append one complete JSON line per record and flush
-it to disk. On restart, `recover()` reads what is there, cuts off a torn last line (a write
+Reading: every JSON or jsonl file the project takes from a user goes through `iter_lines` /
+`iter_jsonl` / `iter_json_records`, the one home of the decoding rules: UTF-8, a byte-order mark
+at the start is dropped (editors on Windows add one), and any error names the file and the line.
+
+Writing: long jobs (eval runs, teacher generation) append one complete JSON line per record and
+flush it to disk. On restart, `recover()` reads what is there, cuts off a torn last line (a write
 interrupted mid-line), and returns the complete records, so the job continues with no lost and
-no duplicated record.
+no duplicated record. A derived file written whole (a corpus, a manifest) goes through
+`atomic_write`, so a kill leaves the old file or none, never half of one.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import IO, Any, Iterable, Iterator
 
 
 class JsonlError(ValueError):
     pass
+
+
+# ---------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A jsonl line that is not JSON, handed on in place of its record (`keep_bad=True`), so a
+    caller that skips malformed records can count it."""
+
+    reason: str
+
+
+def _not_utf8(path: str | Path, lineno: int, byte: int, column: int) -> JsonlError:
+    return JsonlError(f"{path}:{lineno}: not UTF-8 text (byte 0x{byte:02x} at column {column}); save the file as UTF-8")
+
+
+def decode_line(raw: bytes, path: str | Path, lineno: int) -> str:
+    """One line's bytes as UTF-8; an error names the file, line and column."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, lineno, raw[e.start], e.start + 1) from None
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) of every non-blank line of a UTF-8 file, streamed."""
+    with Path(path).open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            if n == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]
+            text = decode_line(raw, path, n)
+            if text.strip():
+                yield n, text
+
+
+def read_text(path: str | Path) -> str:
+    """A whole UTF-8 file (BOM dropped); a bad byte is reported with its line."""
+    data = Path(path).read_bytes()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        raise _not_utf8(path, data.count(b"\n", 0, e.start) + 1, data[e.start], e.start - line_start + 1) from None
+
+
+def iter_jsonl(path: str | Path, keep_bad: bool = False) -> Iterator[tuple[int, Any]]:
+    """(line number, record) per non-blank line. A line that is not JSON raises JsonlError naming
+    it, or with keep_bad comes through as a BadLine."""
+    for n, line in iter_lines(path):
+        try:
+            yield n, json.loads(line)
+        except json.JSONDecodeError as e:
+            if not keep_bad:
+                raise JsonlError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            yield n, BadLine(f"not valid JSON ({e.msg})")
+
+
+def is_json_array(path: str | Path) -> bool:
+    """A JSON array or jsonl? Told by the first character that is neither space nor a BOM."""
+    with Path(path).open("rb") as f:
+        head = f.read(4096)
+    return head.lstrip(codecs.BOM_UTF8).lstrip().startswith(b"[")
+
+
+def iter_json_records(path: str | Path, keep_bad: bool = False) -> Iterator[tuple[str, Any]]:
+    """(location, record) from a JSON array or a jsonl file; location is `file:line` for jsonl
+    and `file[record i]` (0-based) for an array."""
+    path = Path(path)
+    if is_json_array(path):
+        try:
+            records = json.loads(read_text(path))
+        except json.JSONDecodeError as e:
+            raise JsonlError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        for i, rec in enumerate(records):
+            yield f"{path}[record {i}]", rec
+        return
+    for n, rec in iter_jsonl(path, keep_bad):
+        yield f"{path}:{n}", rec
+
+
+# ---------------------------------------------------------------- writing
+
+
+@contextmanager
+def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """Write `path` whole or not at all: the block writes a temporary file beside it (named per
+    process, so machines sharing a folder never write the same one), renamed over `path` when
+    the block ends without error and removed when it does not."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open(mode, encoding=None if "b" in mode else "utf-8") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    with atomic_write(path) as f:
+        f.write(text)
 
 
 def recover(path: str | Path) -> list[dict[str, Any]]:
@@ -37,7 +152,7 @@ def recover(path: str | Path) -> list[dict[str, Any]]:
         try:
             rec = json.loads(raw)
             complete = not last  # a last line without "\n" was never finished
-        except json.JSONDecodeError:
+        except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
             rec, complete = None, False
         if not complete:
             if last:
@@ -78,12 +193,4 @@ class JsonlWriter:
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Strict reading: every line must be valid JSON (errors name file and line)."""
-    out = []
-    with Path(path).open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise JsonlError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-    return out
+    return [rec for _, rec in iter_jsonl(path)]

@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kair_runtime.jsonl import JsonlError, iter_lines
+
 log = logging.getLogger("train.sft")
 
 ROLES = ("system", "user", "assistant")
@@ -136,18 +138,19 @@ def read_messages_jsonl(path: str | Path):
     if not path.is_file():
         raise SFTDataError(f"SFT data file not found: {path}")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SFTDataError(f"{path}:{n}: not valid JSON: {e}") from None
-            if not isinstance(row, dict) or "messages" not in row:
-                raise SFTDataError(f"{path}:{n}: each row needs a 'messages' list")
-            check_messages(row["messages"], f"{path}:{n}")
-            rows.append({"messages": [{"role": m["role"], "content": m["content"]} for m in row["messages"]]})
+    try:
+        lines = list(iter_lines(path))
+    except JsonlError as e:  # not UTF-8
+        raise SFTDataError(str(e)) from None
+    for n, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SFTDataError(f"{path}:{n}: not valid JSON: {e}") from None
+        if not isinstance(row, dict) or "messages" not in row:
+            raise SFTDataError(f"{path}:{n}: each row needs a 'messages' list")
+        check_messages(row["messages"], f"{path}:{n}")
+        rows.append({"messages": [{"role": m["role"], "content": m["content"]} for m in row["messages"]]})
     if not rows:
         raise SFTDataError(f"{path}: no SFT rows")
     return Dataset.from_list(rows)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterator, Protocol, runtime_checkable
 
+from kair_runtime.jsonl import BadLine, iter_jsonl
 from kair_runtime.records import Passage, ScoredPassage
 
 
@@ -38,16 +38,10 @@ def passage_from_record(rec: dict, where: str) -> Passage:
 
 def iter_corpus(path: str | Path) -> Iterator[Passage]:
     """Stream passages from a jsonl corpus, naming the file and line of any bad record."""
-    path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CorpusError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            yield passage_from_record(rec, f"{path}:{lineno}")
+    for lineno, rec in iter_jsonl(path, keep_bad=True):
+        if isinstance(rec, BadLine):
+            raise CorpusError(f"{path}:{lineno}: {rec.reason}")
+        yield passage_from_record(rec, f"{path}:{lineno}")
 
 
 def load_corpus(path: str | Path) -> list[Passage]:

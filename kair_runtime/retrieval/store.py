@@ -20,6 +20,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from kair_runtime.jsonl import atomic_write, atomic_write_text
 from kair_runtime.records import Passage
 from kair_runtime.retrieval.base import CorpusError
 
@@ -42,18 +43,10 @@ def tmp_path(path: Path) -> Path:
     return path.with_name(path.name + ".tmp")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = tmp_path(path)
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def atomic_save_npy(path: Path, arr: np.ndarray) -> None:
     """np.save that never leaves a half-written file under the final name (crash safety)."""
-    tmp = tmp_path(path)
-    with tmp.open("wb") as f:
+    with atomic_write(path, "wb") as f:
         np.save(f, arr, allow_pickle=False)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- manifest

@@ -126,7 +126,8 @@ def test_malformed_array_record_names_its_index(tmp_path):
 
 def test_skip_mode_reports_every_skipped_record(tmp_path, caplog):
     path = write_lines(tmp_path / "b.jsonl", [GOOD, "{oops", json.dumps({"question": "no answer"}),
-                                              json.dumps({"idx": 3, "question": "Q", "answer": "  "}), GOOD])
+                                              json.dumps({"idx": 3, "question": "Q", "answer": "  "}),
+                                              GOOD.replace('"idx": 7', '"idx": 8')])
     result = load_dataset("bamboogle", path=path, skip_malformed=True)
     assert len(result) == 2
     assert len(result.skipped) == 3
