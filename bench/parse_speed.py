@@ -11,7 +11,8 @@ on the thread that serves every other request. This parses
      arrows, judgment lines, unicode, whitespace runs);
 
 and prints, for each part, the count, the exceptions (parser errors included; must be 0),
-p50/p99/max parse time and the worst input's shape. Target: every output up to 1 MB parses in
+p50/p99/max parse time and the worst input's shape. The max is of the slowest inputs timed again
+(best of 3), so that a preemption on a busy machine is not reported as the parser's worst case. Target: every output up to 1 MB parses in
 well under 100 ms.
 
 The shapes and the fuzz generator are also what tests/kair_runtime/test_parser_reliability.py runs.
@@ -20,6 +21,7 @@ The shapes and the fuzz generator are also what tests/kair_runtime/test_parser_r
 from __future__ import annotations
 
 import argparse
+import heapq
 import random
 import statistics
 import time
@@ -163,24 +165,36 @@ def describe(text: str) -> str:
             f"starts {text[:60]!r}")
 
 
+RETIME = 50  # the slowest inputs are timed again, best of 3: a shared CPU's preemptions are not the parser's
+
+
 @dataclass
 class Timing:
     """Parse times of one set of inputs."""
 
     times: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    worst: tuple[float, str] = (0.0, "")
+    slowest: list[tuple[float, str, str, str]] = field(default_factory=list)  # (seconds, label, raw, fmt)
 
-    def add(self, seconds: float, text: str, label: str) -> None:
+    def add(self, seconds: float, raw: str, fmt: str, label: str) -> None:
         self.times.append(seconds)
-        if seconds > self.worst[0]:
-            self.worst = (seconds, label or describe(text))
+        heapq.heappush(self.slowest, (seconds, label, raw, fmt))
+        if len(self.slowest) > RETIME:
+            heapq.heappop(self.slowest)
+
+    def worst(self) -> tuple[float, str]:
+        """The slowest input after re-timing the slowest ones, with its description."""
+        retimed = [(min(seconds, *(time_parse(raw, fmt)[0] for _ in range(2))), label or describe(raw))
+                   for seconds, label, raw, fmt in self.slowest]
+        return max(retimed)
 
     def line(self, name: str) -> str:
         t = sorted(self.times)
         p99 = t[min(len(t) - 1, int(0.99 * len(t)))]
+        worst_s, worst = self.worst()
         return (f"{name:<12} count={len(t):<6} exceptions={len(self.errors)}  p50={statistics.median(t) * 1e3:8.3f} ms  "
-                f"p99={p99 * 1e3:8.3f} ms  max={t[-1] * 1e3:8.3f} ms\n{'':<13}worst: {self.worst[1]}")
+                f"p99={p99 * 1e3:8.3f} ms  max={worst_s * 1e3:8.3f} ms (first pass {t[-1] * 1e3:.3f} ms)\n"
+                f"{'':<13}worst: {worst}"), worst_s
 
 
 def time_parse(raw: str, fmt: str) -> tuple[float, str | None]:
@@ -201,7 +215,7 @@ def run_pathological(sizes: list[int], formats: list[str]) -> Timing:
     for label, raw in pathological_inputs(sizes):
         for fmt in formats:
             seconds, error = time_parse(raw, fmt)
-            timing.add(seconds, raw, f"{label} [{fmt}]")
+            timing.add(seconds, raw, fmt, f"{label} [{fmt}]")
             if error:
                 timing.errors.append(f"{label} [{fmt}]: {error}")
     return timing
@@ -212,9 +226,7 @@ def run_fuzz(n: int, seed: int, formats: list[str]) -> Timing:
     for i, raw in enumerate(fuzz_inputs(n, seed)):
         fmt = formats[i % len(formats)]
         seconds, error = time_parse(raw, fmt)
-        timing.add(seconds, raw, "")
-        if timing.worst[0] == seconds:
-            timing.worst = (seconds, f"fuzz #{i} [{fmt}]: {describe(raw)}")
+        timing.add(seconds, raw, fmt, f"fuzz #{i} [{fmt}]: {describe(raw)}")
         if error:
             timing.errors.append(f"fuzz #{i} [{fmt}]: {error}")
     return timing
@@ -232,12 +244,14 @@ def main() -> None:
         print(f"{n:,} blank lines: {seconds * 1e3:.3f} ms")
     sizes = sorted({10_000, 100_000, args.max_bytes})
     patho = run_pathological(sizes, FORMATS)
-    print(patho.line("shapes"))
+    line, worst_shape = patho.line("shapes")
+    print(line)
     fuzz = run_fuzz(args.fuzz, args.seed, FORMATS)
-    print(fuzz.line("fuzz"))
+    line, worst_fuzz = fuzz.line("fuzz")
+    print(line)
     for e in (patho.errors + fuzz.errors)[:10]:
         print(f"  exception: {e}")
-    worst = max(patho.worst[0], fuzz.worst[0])
+    worst = max(worst_shape, worst_fuzz)
     ok = not patho.errors and not fuzz.errors and worst < 0.1
     print(f"worst parse {worst * 1e3:.1f} ms; target 0 exceptions and every parse < 100 ms: {'met' if ok else 'NOT met'}")
 
