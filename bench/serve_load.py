@@ -1,4 +1,4 @@
-"""python bench/serve_load.py [--scripted] [--requests 200] [--concurrency 32] [--sequential-requests N] [--set loop.max_steps=2]
+"""python bench/serve_load.py [--scripted] [--requests 200] [--concurrency 32] [--sequential-requests N] [--set loop.max_steps=2] [--poison blank-lines|1mb]
 
 Load test of `kair serve`, all on loopback. Starts the app under uvicorn on 127.0.0.1 on a free
 port (in a subprocess: this script with --serve-port), waits for /healthz, sends one warm-up
@@ -18,6 +18,13 @@ Backends:
                call sleeps --scripted-delay-ms first, whatever its batch size: the cost model of an
                accelerator, where a batched call costs about what a single one does. With a delay
                of 0 it measures the server's own overhead.
+
+--poison KIND  instead of the two phases above: can one bad model output stall everyone else? With
+               --scripted only. Sends --poison-batches times 10 normal concurrent requests, alone and
+               together with one request whose every step output is pathological (`blank-lines`:
+               1,200 blank lines, the shape that once took 33 s to parse; `1mb`: a megabyte of blank
+               lines and labels), and prints the normal requests' latency both ways and the ratio.
+               Target: the poison slows the others by less than 2x.
 
 Every phase is bounded: no new request starts after --phase-time-limit-s, and each request has
 the server's request timeout. Requests that never started are reported as skipped. The server
@@ -64,6 +71,27 @@ class DelayedLLM:
         self.calls.append(len(prompts))
         time.sleep(self.delay_s)
         return self.inner.generate(prompts, sampling)
+
+
+POISON_MARK = "[poison]"  # in a question: the server's LLM answers it with a pathological output
+POISON_OUTPUTS = {
+    "blank-lines": "\n" * 1_200,
+    "1mb": ("\n" * 500 + "Query:\n" * 500 + " " * 500) * 222,
+}
+
+
+class PoisonedLLM:
+    """Wraps an LLM: every completion for a prompt that carries POISON_MARK is replaced by a
+    pathological output, as a broken upstream would send it."""
+
+    def __init__(self, inner, output: str):
+        self.inner, self.output = inner, output
+        self.name = inner.name
+
+    def generate(self, prompts: list[list[Message]], sampling: SamplingParams) -> list[Completion]:
+        out = self.inner.generate(prompts, sampling)
+        return [Completion(text=self.output) if any(POISON_MARK in m["content"] for m in p) else c
+                for p, c in zip(prompts, out)]
 
 
 @dataclass
@@ -122,6 +150,54 @@ def run_phase(name: str, url: str, bodies: list[dict], clients: int, time_limit_
     return phase
 
 
+def run_poison_phase(name: str, url: str, normal: list[dict], poison: dict | None, timeout_s: float) -> Phase:
+    """All of `normal` at once, plus `poison` (submitted first, so it shares their rounds); only
+    the normal requests' latencies are kept. A failed poison request is an error too."""
+    phase, lock = Phase(name), threading.Lock()
+
+    def one(body: dict) -> None:
+        t0 = time.perf_counter()
+        try:
+            with httpx.Client(base_url=url, timeout=timeout_s) as client:
+                r = client.post("/v1/answer", json=body)
+            error = None if r.status_code == 200 else f"{r.status_code}: {r.text[:200]}"
+        except httpx.HTTPError as e:
+            error = f"{type(e).__name__}: {e}"
+        with lock:
+            if error:
+                phase.errors.append(error)
+            elif body is not poison:
+                phase.latencies.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(normal) + 1) as pool:
+        list(pool.map(one, ([poison] if poison else []) + normal))
+    phase.wall_s = time.perf_counter() - t0
+    return phase
+
+
+def poison_comparison(url: str, bodies: list[dict], batches: int, timeout_s: float) -> None:
+    clean, poisoned = Phase("normal x10"), Phase("normal+poison")
+    for b in range(batches):  # interleaved, so drift on a shared machine hits both alike
+        normal = bodies[(b * 10) % len(bodies):][:10] or bodies[:10]
+        poison = {"question": f"{POISON_MARK} {normal[0]['question']}"}
+        for target, extra in ((clean, None), (poisoned, poison)):
+            ph = run_poison_phase(target.name, url, normal, extra, timeout_s)
+            target.latencies += ph.latencies
+            target.errors += ph.errors
+            target.wall_s += ph.wall_s
+    print(clean.line())
+    print(poisoned.line())
+    p50 = lambda ph: statistics.median(ph.latencies) if ph.latencies else float("nan")
+    worst = lambda ph: max(ph.latencies, default=float("nan"))
+    ratio, ratio_max = p50(poisoned) / p50(clean), worst(poisoned) / worst(clean)
+    errors = len(clean.errors) + len(poisoned.errors)
+    for e in (clean.errors + poisoned.errors)[:5]:
+        print(f"  error: {e}")
+    print(f"normal requests with / without the poison: p50 {ratio:.2f}x, max {ratio_max:.2f}x   errors: {errors}   "
+          f"target 0 errors and p50 < 2x: {'met' if errors == 0 and ratio < 2 else 'NOT met'}")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -131,7 +207,11 @@ def free_port() -> int:
 def build_app(args: argparse.Namespace, cfg: ServeConfig):
     def build():
         llm = build_llm(cfg.llm)
-        return (DelayedLLM(llm, args.scripted_delay_ms / 1000) if args.scripted else llm), build_retriever(cfg.retriever)
+        if args.scripted:
+            llm = DelayedLLM(llm, args.scripted_delay_ms / 1000)
+        if args.poison:
+            llm = PoisonedLLM(llm, POISON_OUTPUTS[args.poison])
+        return llm, build_retriever(cfg.retriever)
     return create_app(cfg, build=build)
 
 
@@ -141,6 +221,7 @@ def start_server(args: argparse.Namespace, log_path: Path) -> tuple[subprocess.P
     port = free_port()
     cmd = [sys.executable, __file__, "--serve-port", str(port), "--scripted-delay-ms", str(args.scripted_delay_ms)]
     cmd += ["--scripted"] if args.scripted else []
+    cmd += ["--poison", args.poison] if args.poison else []
     cmd += ["--config", args.config] if args.config else []
     for o in args.overrides:
         cmd += ["--set", o]
@@ -175,8 +256,13 @@ def main() -> None:
     ap.add_argument("--sequential-requests", type=int, default=None, help="default: all of --requests")
     ap.add_argument("--scripted-delay-ms", type=float, default=20.0)
     ap.add_argument("--phase-time-limit-s", type=float, default=1800.0)
+    ap.add_argument("--poison", choices=sorted(POISON_OUTPUTS), default=None,
+                    help="measure how one pathological model output slows 10 normal requests (see above)")
+    ap.add_argument("--poison-batches", type=int, default=5)
     ap.add_argument("--serve-port", type=int, default=None, help=argparse.SUPPRESS)  # the server process
     args = ap.parse_args()
+    if args.poison and not args.scripted:
+        ap.error("--poison needs --scripted (the poison is injected into the scripted backend's outputs)")
     if not 1 <= args.requests <= 10_000 or not 1 <= args.concurrency <= 256:
         ap.error("--requests must be in 1..10000 and --concurrency in 1..256")
 
@@ -207,6 +293,10 @@ def main() -> None:
             warm = run_phase("warm-up", url, bodies[:1], 1, args.phase_time_limit_s, timeout)
             if warm.errors:
                 raise SystemExit(f"warm-up request failed: {warm.errors[0]}")
+            if args.poison:
+                print(f"poison: {args.poison} ({len(POISON_OUTPUTS[args.poison]):,} chars per step output)")
+                poison_comparison(url, bodies, args.poison_batches, timeout)
+                return
             before = httpx.get(url + "/v1/info", timeout=10).json()["batching"]
             conc = run_phase("concurrent", url, bodies, args.concurrency, args.phase_time_limit_s, timeout)
             after = httpx.get(url + "/v1/info", timeout=10).json()["batching"]

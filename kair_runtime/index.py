@@ -83,35 +83,62 @@ def index_size(index: Index) -> dict[str, int]:
 _BULLET = re.compile(r"^\s*(?:[-*•+–]+|(?:\d{1,3}[.)]|\(\d{1,3}\))(?=\s+\S))\s*")
 _EDGE_PUNCT = "\"'`“”‘’*[](){}<>.,;: \t"
 _BRACKETS = {"(": ")", "[": "]", "{": "}"}
+_OPENERS = {c: o for o, c in _BRACKETS.items()}
 _SPACE = re.compile(r"\s+")
 # Relation separators real models emit: ->, -->, =>, →, ⟶, ➔, |; " - " only when none of those is there.
-_REL_SPLIT = re.compile(r"\s*(?:-{1,2}>|=>|→|⟶|➔|\|)\s*")
+# Bare separators: the parts are stripped by clean_item, and `\s*` around a separator that never
+# comes is retried from every space of a long run (quadratic).
+_REL_SPLIT = re.compile(r"-{1,2}>|=>|→|⟶|➔|\|")
 _ARROW = re.compile(r"-{1,2}>|=>|→|⟶|➔")
-_DASH_SPLIT = re.compile(r"\s+[-–—]\s+")
+_DASH_SPLIT = re.compile(r"(?<!\s)\s+[-–—]\s+")
 # A list comma, but not the thousands comma of "1,204".
 _LIST_SPLIT = re.compile(r";|(?<!\d),|,(?!\d)")
+
+
+_STRIPPED_CHARS = _EDGE_PUNCT.translate({ord(c): None for c in "()[]{}"})
+_STRIPPED = frozenset(_STRIPPED_CHARS)
+_HAS_BRACKET = re.compile(r"[()\[\]{}]")
 
 
 def _strip_edges(text: str) -> str:
     """Strip quotes, bullets' stars and stray punctuation from both ends, but keep a bracket that
     closes one opened inside ("Viva la Vida (album)")."""
+    # Works on a window [lo, hi) with bracket counts kept up to date, so a line of a million
+    # brackets is stripped in one pass, not re-counted and re-sliced per bracket.
+    if not _HAS_BRACKET.search(text):
+        return text.strip(_STRIPPED_CHARS)  # nothing to balance: one strip is the fixed point
+    counts = {c: text.count(c) for c in "()[]{}"}
+    lo, hi = 0, len(text)
     while True:
-        before = text
-        text = text.strip(_EDGE_PUNCT.translate({ord(c): None for c in "()[]{}"}))
-        if text[:1] in _BRACKETS and text.count(text[0]) > text.count(_BRACKETS[text[0]]):
-            text = text[1:]
-        closer = text[-1:]
-        opener = next((o for o, c in _BRACKETS.items() if c == closer), None)
-        if opener and text.count(closer) > text.count(opener):
-            text = text[:-1]
-        if text[:1] in _BRACKETS and text[-1:] == _BRACKETS[text[0]] and _balanced(text[1:-1]):
-            text = text[1:-1]  # a whole item wrapped in one pair: "(Coldplay)"
-        if text == before:
-            return text
+        before = (lo, hi)
+        while lo < hi and text[lo] in _STRIPPED:
+            lo += 1
+        while hi > lo and text[hi - 1] in _STRIPPED:
+            hi -= 1
+        first = text[lo] if lo < hi else ""
+        if first in _BRACKETS and counts[first] > counts[_BRACKETS[first]]:
+            counts[first] -= 1
+            lo += 1
+        closer = text[hi - 1] if lo < hi else ""
+        opener = _OPENERS.get(closer)
+        if opener and counts[closer] > counts[opener]:
+            counts[closer] -= 1
+            hi -= 1
+        first, last = (text[lo], text[hi - 1]) if lo < hi else ("", "")
+        if first in _BRACKETS and last == _BRACKETS[first] and hi - lo >= 2:
+            counts[first] -= 1
+            counts[last] -= 1
+            if _balanced(counts):
+                lo, hi = lo + 1, hi - 1  # a whole item wrapped in one pair: "(Coldplay)"
+            else:
+                counts[first] += 1
+                counts[last] += 1
+        if (lo, hi) == before:
+            return text[lo:hi]
 
 
-def _balanced(text: str) -> bool:
-    return all(text.count(o) == text.count(c) for o, c in _BRACKETS.items())
+def _balanced(counts: dict[str, int]) -> bool:
+    return all(counts[o] == counts[c] for o, c in _BRACKETS.items())
 
 
 def _sentences(text: str) -> list[str]:
@@ -122,7 +149,10 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def clean_item(text: str) -> str:
-    text = _BULLET.sub("", text.strip())
+    text = text.strip()
+    if not text:
+        return ""
+    text = _BULLET.sub("", text)
     return _strip_edges(_SPACE.sub(" ", text))
 
 
@@ -154,7 +184,7 @@ def _dedupe_relations(rels: list[list[str]]) -> list[list[str]]:
 
 
 _HEADER = re.compile(
-    r"^\s*[#*\s]*(keywords?(?:\s+and\s+facts)?|key\s*words|relation(?:ship)?s?|facts?|summary|text)\s*[*]*\s*[:：]\s*",
+    r"^[#*\s]*(keywords?(?:\s+and\s+facts)?|key\s*words|relation(?:ship)?s?|facts?|summary|text)\s*(?:[*]+\s*)?[:：]\s*",
     re.IGNORECASE,
 )
 
@@ -198,10 +228,7 @@ def has_index_header(body: str) -> bool:
 def _split_list(lines: list[str]) -> list[str]:
     items = []
     for line in lines:
-        for part in _LIST_SPLIT.split(line):
-            c = clean_item(part)
-            if c:
-                items.append(c)
+        items += [c for part in _LIST_SPLIT.split(line) if part and (c := clean_item(part))]
     return items
 
 
@@ -220,8 +247,7 @@ def parse_relation_line(line: str) -> list[list[str]]:
         segments = [seg for seg in line.split(";") if seg.strip()]
         if len(segments) > 1:
             return [t for seg in segments for t in parse_relation_line(seg)]
-    parts = [clean_item(p) for p in _REL_SPLIT.split(line)]
-    parts = [p for p in parts if p]
+    parts = [c for p in _REL_SPLIT.split(line) if p and (c := clean_item(p))]
     if len(parts) < 3:
         parts = [p for p in (clean_item(x) for x in _DASH_SPLIT.split(line)) if p]
     if len(parts) < 3:

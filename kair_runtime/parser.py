@@ -13,6 +13,7 @@ fences, or skip sections. `parse_step_output` accepts all of that, never raises,
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 
@@ -20,6 +21,8 @@ from kair_runtime.index import norm_key, IndexFormat, apply_index_update, get_fo
 from kair_runtime.records import (
     FALLBACK_INDEX_MISSING,
     FALLBACK_JUDGMENT_MISSING,
+    FALLBACK_JUDGMENT_UNCLEAR,
+    FALLBACK_OUTPUT_TRUNCATED,
     FALLBACK_QUERY_MISSING,
     FALLBACK_TEMPLATE_ECHO,
     Index,
@@ -28,16 +31,17 @@ from kair_runtime.records import (
 TAGS = ("index", "reasoning", "judgment", "query")
 _OPEN = re.compile(r"<\s*(index|reasoning|judgment|judgement|query|next[ _]query)\s*>", re.IGNORECASE)
 _CLOSE = re.compile(r"<\s*/\s*(index|reasoning|judgment|judgement|query|next[ _]query)\s*>", re.IGNORECASE)
-_FENCE = re.compile(r"^\s*```[\w-]*\s*$", re.MULTILINE)
-# Plain-label fallbacks for models that write "Reasoning:" instead of tags.
+# Whitespace inside one line. The line-start patterns below must not let `\s` run across
+# newlines: with MULTILINE, `^\s*` retried at every line start of N blank lines is cubic.
+_WS = r"[^\S\n]"
+_FENCE = re.compile(rf"^{_WS}*```[\w-]*{_WS}*$", re.MULTILINE)
+# Plain-label fallbacks for models that write "Reasoning:" instead of tags. Each optional run is
+# written so that only one split of the line can match it (no `\s*[#*]*\s*`), which keeps a
+# failed match linear in the line.
 _LABEL = re.compile(
-    r"^\s*[#*]*\s*(index|reasoning|judg(?:e)?ment|(?:next\s+)?query)\s*[*]*\s*[:：]", re.IGNORECASE | re.MULTILINE
+    rf"^{_WS}*(?:[#*]+{_WS}*)?(index|reasoning|judg(?:e)?ment|(?:next{_WS}+)?query){_WS}*(?:[*]+{_WS}*)?[:：]",
+    re.IGNORECASE | re.MULTILINE,
 )
-_INSUFFICIENT = re.compile(
-    r"\b(insufficient|not\s+(?:yet\s+)?(?:sufficient|enough)|need(?:s)?\s+more)\b", re.IGNORECASE
-)
-_SUFFICIENT = re.compile(r"\b(sufficient|enough\s+information)\b", re.IGNORECASE)
-_JUDGMENT_LABEL = re.compile(r"judg(?:e)?ment[*_\s]*[:：]\s*(.*)", re.IGNORECASE)  # "**Judgment**: x" too
 _NO_QUERY = re.compile(
     r"^(none|n/?a|null|-+|no\s+(?:further\s+|more\s+|new\s+)?(?:search\s+)?quer(?:y|ies)(?:\s+(?:is\s+|are\s+)?needed)?)\.?$",
     re.IGNORECASE,
@@ -88,8 +92,14 @@ def split_sections(raw: str) -> dict[str, str]:
 def _split_labels(text: str, skip: list[tuple[int, int, str | None]] = ()) -> dict[str, str]:
     """Sections marked by plain labels at line starts; a body ends at the next label or tag.
     Labels inside a `skip` span are ignored, unless the span was left open and is another kind."""
+    starts = [a for a, _, _ in skip]  # the spans are disjoint and in order
+
     def skipped(m: re.Match) -> bool:
-        return any(a <= m.start() < b and open_name in (None, _canonical(m.group(1))) for a, b, open_name in skip)
+        i = bisect.bisect_right(starts, m.start()) - 1
+        if i < 0:
+            return False
+        a, b, open_name = skip[i]
+        return m.start() < b and open_name in (None, _canonical(m.group(1)))
 
     marks = [m for m in _LABEL.finditer(text) if not skipped(m)]
     out: dict[str, str] = {}
@@ -113,17 +123,117 @@ def _canonical(tag: str) -> str:
     return tag
 
 
-def parse_judgment(text: str) -> str | None:
-    """"insufficient" wins over "sufficient" (it contains it); an explicit `Judgment:` label wins
-    over words elsewhere in the reasoning."""
-    labelled = _JUDGMENT_LABEL.findall(text)
-    candidates = [labelled[-1]] if labelled else [text]
-    for c in candidates:
-        if _INSUFFICIENT.search(c):
-            return "insufficient"
-        if _SUFFICIENT.search(c):
-            return "sufficient"
-    return None
+# ---------------------------------------------------------------- the judgment
+#
+# A judgment is read clause by clause. A clause can say the knowledge is enough ("sufficient",
+# "enough", "adequate"), say it is not ("insufficient", "we still need more", "more evidence is
+# required"), or say either under a negation or a hedge. Stopping on a misread "not enough" ends
+# the search early, while continuing on a misread "enough" costs one retrieval, so any clause
+# that reads as insufficient decides, and a sufficiency word under any negation or hedge earlier
+# in its clause reads as insufficient.
+
+# How much text a judgment is read from: a few sentences of a reasoning the prompts ask to keep
+# to one or two (step outputs are 256-512 tokens), so a runaway output costs no more to judge.
+_JUDGMENT_WINDOW = 4_000
+_JUDGMENT_LABEL = re.compile(r"judg(?:e)?ment[*_ \t]*[:：]", re.IGNORECASE)  # "**Judgment**: x" too
+# The reply layout's placeholder, copied verbatim: the model has not judged anything.
+_JUDGMENT_ECHO = re.compile(r"[\W_]*(?:in)?sufficient\s*(?:or|/|\|)\s*(?:in)?sufficient[\W_]*")
+# Asides that would otherwise cut a negation off from its word ("do not, however, give enough").
+_ASIDE = re.compile(r",\s*(?:however|though|therefore|unfortunately|in fact|so far|currently|also)\s*,")
+_SENTENCE = re.compile(r"[^.!?;\n]+[.!?;\n]*")
+_CLAUSE_BREAK = re.compile(r"[,:(){}\[\]—–]|\s-\s|\b(?:but|however|although|though|whereas|while)\b")
+_SUFFICIENT = re.compile(r"\b(?:sufficient(?:ly)?|enough|adequate(?:ly)?)\b")
+_INSUFFICIENT = re.compile(r"\b(?:insufficient(?:ly)?|inadequate(?:ly)?|not\s+yet|yet\s+to)\b")
+_NEED_MORE = re.compile(
+    r"\b(?:still\s+)?(?:need|needs|needed|require|requires|required)\s+(?:more|further|additional|another|other|"
+    r"to\s+(?:find|search|retrieve|look|know|learn|identify|determine|confirm|verify|check))\b"
+    r"|\b(?:more|further|additional)\s+(?:\w+\s+){0,3}?(?:is\s+|are\s+)?(?:still\s+)?(?:needed|required|necessary)\b"
+    r"|\bstill\s+(?:need|needs|require|requires|missing|lack|lacks|lacking|unknown|unclear)\b"
+)
+# Only read where the text is the judgment itself (after a "Judgment:" label or in a
+# <judgment> tag); in free reasoning these words are about the documents, not the decision.
+_STATEMENT_NEG = re.compile(
+    r"\b(?:missing|lack|lacks|lacking|absent|incomplete|unknown|unclear|uncertain|unanswerable)\b"
+    r"|\b(?:cannot|can't|can\s+not|unable\s+to|not\s+able\s+to|impossible\s+to)\s+(?:yet\s+)?(?:be\s+)?"
+    r"(?:answer|determin|confirm|identif|tell|know|conclude|verify|find)"
+)
+_STATEMENT_POS = re.compile(r"\b(?:complete|answerable)\b|\b(?:can|could)\s+(?:now\s+)?(?:be\s+)?(?:answer|determin)")
+_TERSE = re.compile(r"[\W_]*(yes|no)\b(?!\s+\w)")  # "Yes." / "No, the year is missing" but not "No further..."
+# A negation right before a "need more" or "missing" cancels it ("no more information is
+# needed", "we do not need further searches", "nothing is missing").
+_NEGATION = re.compile(r"\b(?:not|no|never|nor|neither|nothing|none|without|hardly|barely|"
+                       r"dont|doesnt|didnt|isnt|arent|wasnt|werent|havent|hasnt|wont)\b|n't\b")
+# Anything that, before a sufficiency word in its clause, means the knowledge is not (yet, or
+# surely) enough: negations, absence, failure, conditions and hedges.
+_UNSURE = re.compile(
+    _NEGATION.pattern + r"|\b(?:cannot|can\s+not|unable|lack(?:s|ed|ing)?|missing|fail(?:s|ed|ing)?\s+to|"
+    r"far\s+from|less\s+than|partially|partly|almost|nearly|may|might|would|possibly|perhaps|unclear|uncertain|"
+    r"whether|if|once|until|unless)\b"
+)
+
+
+def parse_judgment(text: str, statement: bool = False) -> str | None:
+    """"sufficient", "insufficient", or None when `text` does not decide.
+
+    The last `Judgment:` label wins over words elsewhere: its line, else the text after it.
+    `statement` says the whole text is the judgment (a <judgment> section), so terse answers
+    ("Yes.", "No, the year is missing") and "missing"/"cannot answer" count there too."""
+    last = None
+    for last in _JUDGMENT_LABEL.finditer(text):
+        pass
+    if last is None:
+        # Asked for at the end of the reasoning: its last sentences decide.
+        return _judge(text[-_JUDGMENT_WINDOW:], statement)
+    after = text[last.end():last.end() + _JUDGMENT_WINDOW].lstrip()
+    line = after.split("\n", 1)[0]
+    return _judge(line, True) or _judge(after, False)
+
+
+def _judge(text: str, statement: bool) -> str | None:
+    text = _ASIDE.sub(" ", text.lower().replace("’", "'").replace("‘", "'"))
+    if _JUDGMENT_ECHO.fullmatch(text):
+        return None
+    sufficient = False
+    for sentence in _SENTENCE.finditer(text):
+        sentence = sentence.group()
+        if sentence.rstrip().endswith("?"):
+            continue  # "Is the year given?" asserts nothing
+        if statement and (terse := _TERSE.match(sentence)):
+            if terse.group(1) == "no":
+                return "insufficient"
+            sufficient = True
+        for clause in _CLAUSE_BREAK.split(sentence):
+            verdict = _judge_clause(clause, statement)
+            if verdict == "insufficient":
+                return verdict
+            sufficient = sufficient or verdict == "sufficient"
+    return "sufficient" if sufficient else None
+
+
+def _judge_clause(clause: str, statement: bool) -> str | None:
+    if _INSUFFICIENT.search(clause):
+        return "insufficient"
+    negatives = [_NEED_MORE] + ([_STATEMENT_NEG] if statement else [])
+    positives = [_SUFFICIENT] + ([_STATEMENT_POS] if statement else [])
+    found = None
+    for cue in negatives:
+        for m in cue.finditer(clause):
+            if not _negated_just_before(clause, m.start()):
+                return "insufficient"
+            found = "sufficient"  # "no more is needed"
+    unsure = _UNSURE.search(clause)
+    for cue in positives:
+        for m in cue.finditer(clause):
+            if unsure and unsure.start() < m.start():
+                return "insufficient"
+            found = "sufficient"
+    return found
+
+
+def _negated_just_before(clause: str, at: int) -> bool:
+    """A negation among the three words before `at` ("no further", "do not need", "nothing is")."""
+    before = clause[max(0, at - 40):at].split()[-3:]
+    return any(_NEGATION.fullmatch(w.strip("*_\"'`")) or w.endswith("n't") for w in before)
 
 
 # The reply layout in the prompts uses these words as placeholders. A small model that copies
@@ -169,6 +279,12 @@ def fallback_query(question: str, index: Index) -> str:
     return f"{question} {tail}".strip()
 
 
+# Step outputs are generated with step_max_tokens of 256-512 (a few thousand characters); an
+# output 10x that is a runaway model or a broken upstream. Only its head is parsed (and the cut
+# recorded), which bounds the parse of any output, whatever its size, to a few milliseconds.
+MAX_OUTPUT_CHARS = 32_768
+
+
 def parse_step_output(raw: str, format_name: str, previous: Index, question: str,
                       index_update: str = "merge") -> ParsedStep:
     """The step's `index` is the loop's index after this step: what the model wrote applied to
@@ -177,7 +293,12 @@ def parse_step_output(raw: str, format_name: str, previous: Index, question: str
     fmt = get_format(format_name)
     apply_index_update(format_name, previous, previous, index_update)  # the caller's bug raises here
     try:
-        return _parse(raw if isinstance(raw, str) else str(raw), fmt, previous, question, index_update)
+        raw = raw if isinstance(raw, str) else str(raw)
+        if len(raw) <= MAX_OUTPUT_CHARS:
+            return _parse(raw, fmt, previous, question, index_update)
+        step = _parse(raw[:MAX_OUTPUT_CHARS], fmt, previous, question, index_update)
+        step.fallbacks.append(FALLBACK_OUTPUT_TRUNCATED)
+        return step
     except Exception as e:  # the contract is "never raises": record the bug instead
         return ParsedStep(
             index=previous, reasoning="", judgment="insufficient",
@@ -207,13 +328,14 @@ def _parse(raw: str, fmt: IndexFormat, previous: Index, question: str, index_upd
 
     reasoning = sections.get("reasoning", "")
     judgment_src = sections.get("judgment")
-    if judgment_src is not None:
-        judgment = parse_judgment(judgment_src) or parse_judgment(reasoning)
-    else:
-        judgment = parse_judgment(reasoning) if reasoning else None
+    judgment = parse_judgment(judgment_src, statement=True) if judgment_src is not None else None
+    if judgment is None and reasoning:
+        judgment = parse_judgment(reasoning)
     if judgment is None:
+        # Undecided is never "sufficient": the loop searches on, and the step counts as a repair.
         judgment = "insufficient"
-        fallbacks.append(FALLBACK_JUDGMENT_MISSING)
+        written = judgment_src is not None or _JUDGMENT_LABEL.search(reasoning)
+        fallbacks.append(FALLBACK_JUDGMENT_UNCLEAR if written else FALLBACK_JUDGMENT_MISSING)
 
     next_query: str | None = None
     if judgment == "insufficient":

@@ -141,11 +141,13 @@ class Step:
 # others (e.g. an empty retrieval) are recorded but are not the model's fault.
 FALLBACK_INDEX_MISSING = "index_missing"
 FALLBACK_JUDGMENT_MISSING = "judgment_missing"
+FALLBACK_JUDGMENT_UNCLEAR = "judgment_unclear"  # a judgment was written but says neither way
 FALLBACK_QUERY_MISSING = "query_missing"
+FALLBACK_OUTPUT_TRUNCATED = "output_truncated"  # a runaway output: only its head was parsed
 FALLBACK_TEMPLATE_ECHO = "template_echo"  # placeholder items copied from the prompt's reply layout
 FALLBACK_RETRIEVAL_EMPTY = "retrieval_empty"
-FORMAT_FALLBACKS = frozenset({FALLBACK_INDEX_MISSING, FALLBACK_JUDGMENT_MISSING, FALLBACK_QUERY_MISSING,
-                              FALLBACK_TEMPLATE_ECHO})
+FORMAT_FALLBACKS = frozenset({FALLBACK_INDEX_MISSING, FALLBACK_JUDGMENT_MISSING, FALLBACK_JUDGMENT_UNCLEAR,
+                              FALLBACK_QUERY_MISSING, FALLBACK_TEMPLATE_ECHO, FALLBACK_OUTPUT_TRUNCATED})
 
 
 @dataclass
