@@ -44,7 +44,7 @@ def build(
         stats = build_corpus(sources, extra, out)
     except (CorpusError, KeyError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(2)
     for label, n in stats.sources.items():
         typer.echo(f"  {label}: {n} paragraphs")
     for note in stats.notes:

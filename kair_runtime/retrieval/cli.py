@@ -4,7 +4,8 @@
     kair index build --corpus corpus.jsonl --out index/ --index-factory "IVF4096,PQ64"
     kair index serve --index index/ --port 8000
 
-Errors in the input (a bad corpus line, an unknown option for the kind) print one line and exit 1.
+Errors in the input (a bad corpus line, an unknown option for the kind) print one line and exit 2,
+as user errors do in every kair command.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ _USER_ERRORS = (ValueError, KeyError, FileNotFoundError)
 def _fail(e: Exception) -> None:
     message = e.args[0] if isinstance(e, KeyError) and e.args else e
     typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(2)
 
 
 @index_app.command()

@@ -132,6 +132,6 @@ def test_cli_build(tmp_path):
     assert "2wikimultihopqa:dev: 1640 paragraphs" in res.output and "musique:train: 2000 paragraphs" in res.output
 
     res = runner.invoke(corpus_app, ["build", "--dataset", "bamboogle", "--split", "test", "--out", str(out)])
-    assert res.exit_code == 1 and "no paragraphs" in res.output
+    assert res.exit_code == 2 and "no paragraphs" in res.output
     res = runner.invoke(corpus_app, ["build", "--dataset", "musique:nosuch", "--out", str(out)])
-    assert res.exit_code == 1 and "neither a musique split" in res.output
+    assert res.exit_code == 2 and "neither a musique split" in res.output

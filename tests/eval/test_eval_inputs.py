@@ -238,7 +238,7 @@ def test_every_reader_names_the_file_and_line_of_a_non_utf8_byte(tmp_path):
         list(iter_json_records(corpus))
     res = CliRunner().invoke(index_app, ["build", "--corpus", str(corpus), "--out", str(tmp_path / "i"),
                                          "--retriever", "bm25"])
-    assert res.exit_code == 1 and "c.jsonl:2: not UTF-8 text" in res.output, res.output
+    assert res.exit_code == 2 and "c.jsonl:2: not UTF-8 text" in res.output, res.output
     res = CliRunner().invoke(app, ["ask", "Who?", "--backend", "scripted", "--retriever", "bm25", "--corpus", str(corpus)])
     assert res.exit_code == 2 and "c.jsonl:2: not UTF-8 text" in res.output, res.output
     with pytest.raises(DatasetError, match=r"h\.json:2: not UTF-8"):

@@ -40,15 +40,15 @@ def test_build_dense_index_dir(corpus_file, tmp_path, obvious):
 ])
 def test_bad_options_exit_1_with_one_line(corpus_file, tmp_path, args, message):
     result = runner.invoke(index_app, ["build", "--corpus", str(corpus_file), "--out", str(tmp_path / "x"), *args])
-    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
 
 
 def test_missing_corpus_exits_1(tmp_path):
     result = runner.invoke(index_app, ["build", "--corpus", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "x"),
                                        "--retriever", "bm25"])
-    assert result.exit_code == 1 and "corpus not found" in result.output
+    assert result.exit_code == 2 and "corpus not found" in result.output
 
 
 def test_serve_refuses_a_dir_that_is_not_an_index(tmp_path):
     result = runner.invoke(index_app, ["serve", "--index", str(tmp_path), "--port", "0"])
-    assert result.exit_code == 1 and "not an index dir" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "not an index dir" in result.output and "Traceback" not in result.output
