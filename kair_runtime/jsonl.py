@@ -3,7 +3,8 @@
 Long jobs (eval runs, teacher generation) append one complete JSON line per record and flush
 it to disk. On restart, `recover()` reads what is there, cuts off a torn last line (a write
 interrupted mid-line), and returns the complete records, so the job continues with no lost and
-no duplicated record.
+no duplicated record. `replace_records()` swaps some records for new ones (a retried failure)
+by rewriting the file atomically: a kill leaves either the old file or the new one.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 
 class JsonlError(ValueError):
@@ -74,6 +75,27 @@ class JsonlWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def replace_records(path: str | Path, new: dict[str, dict[str, Any]], key: Callable[[dict[str, Any]], str]) -> None:
+    """Replace, in place, each record of `path` whose key(record) is in `new`; the others and the
+    order stay. Written to a temporary file, fsynced, then renamed over `path`."""
+    path = Path(path)
+    records = recover(path)
+    missing = set(new) - {key(r) for r in records}
+    if missing:
+        raise KeyError(f"{path}: no record to replace for {sorted(missing)[:3]}")
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write("".join(json.dumps(new.get(key(r), r), ensure_ascii=False) + "\n" for r in records))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
