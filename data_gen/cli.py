@@ -79,6 +79,9 @@ def generate_cmd(
     datasets: Optional[str] = typer.Option(None, help="Comma-separated NAME[:SPLIT] training sets."),
     limit: Optional[int] = typer.Option(None, help="The first N questions of every training set."),
     progress: bool = typer.Option(True, help="Show the progress bar."),
+    retry_failed: bool = typer.Option(False, "--retry-failed",
+                                      help="Also rerun the trajectories recorded as failed (e.g. a backend "
+                                           "outage), replacing them in place."),
 ) -> None:
     """Run the teacher through the KAIR loop over the training questions (resumable)."""
     try:
@@ -87,11 +90,15 @@ def generate_cmd(
         if limit is not None:
             for spec in cfg.datasets:
                 spec.limit = limit
-        result = generate(cfg, progress=progress)
+        result = generate(cfg, progress=progress, retry_failed=retry_failed)
     except USER_ERRORS as e:
         _fail(e)
-    typer.echo(f"{result.existing + result.written} / {result.total} trajectories in {result.path} "
-               f"({result.written} written now, {result.existing} already there)")
+    new = result.written - result.retried
+    retried = f", {result.retried} failed ones retried" if result.retried else ""
+    hint = "; rerun with --retry-failed to run them again" if result.failed else ""
+    typer.echo(f"{result.existing + new} / {result.total} trajectories in {result.path} "
+               f"({new} written now, {result.existing} already there{retried}); "
+               f"{result.failed} failed{hint}")
 
 
 @datagen_app.command("filter")

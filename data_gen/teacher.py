@@ -15,7 +15,9 @@ Sharding: `--shard i --num-shards n` takes every n-th question from position i o
 question list, so n machines cover it exactly once. Resuming: each trajectory is appended as
 one complete line the moment its question is answered (kair_runtime.jsonl); a rerun drops a
 torn last line, reads back the keys (question id # sample id) already there and runs only the
-rest: nothing lost, nothing twice.
+rest: nothing lost, nothing twice. A trajectory whose run failed (`error` set: the backend was
+down, say) is kept and counted as failed; `retry_failed` (`--retry-failed`) runs those again and
+replaces each in place in the file (an atomic rewrite), keeping every other line as it was.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from data_gen.store import (DataSpec, claim_dir, closed_corpus, load_questions, shard_path, trajectory_key,
                             without_context)
 from kair_runtime.config import ConfigError, RuntimeConfig, to_dict
-from kair_runtime.jsonl import JsonlWriter, recover
+from kair_runtime.jsonl import JsonlWriter, recover, replace_records
 from kair_runtime.llm.base import LLM
 from kair_runtime.loop import KairLoop, QuestionState
 from kair_runtime.records import Question, Trace
@@ -67,7 +70,9 @@ class GenerateResult:
     path: Path
     total: int  # trajectories this shard owns
     existing: int  # already in the file when this run started
-    written: int  # written by this run
+    written: int  # written by this run (new ones and retried ones)
+    retried: int = 0  # of those, failed ones run again (replaced in place)
+    failed: int = 0  # trajectories in the file with an error when this run ended
 
 
 def sample_grid(grid: SamplingGrid) -> list[Sample]:
@@ -120,10 +125,12 @@ def prepare_retriever_config(cfg: GenerateConfig, out_dir: Path):
 
 
 def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever | None = None,
-             progress: bool = True, questions: list[Question] | None = None) -> GenerateResult:
-    """Run this shard's (question, sample) pairs that are not in its file yet. `llm` and
-    `retriever` default to the ones the config names (tests pass small real ones); `questions`
-    replaces the ones cfg.datasets would load (`kair demo` passes its own)."""
+             progress: bool = True, questions: list[Question] | None = None,
+             retry_failed: bool = False) -> GenerateResult:
+    """Run this shard's (question, sample) pairs that are not in its file yet, and with
+    retry_failed also those recorded with an error. `llm` and `retriever` default to the ones the
+    config names (tests pass small real ones); `questions` replaces the ones cfg.datasets would
+    load (`kair demo` passes its own)."""
     from kair_runtime.llm import build_llm, close_llm
     from kair_runtime.retrieval import build_retriever
 
@@ -133,17 +140,19 @@ def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever |
     questions = [without_context(q) for q in shard_questions(questions, cfg.shard, cfg.num_shards)]
     claim_dir(out_dir, resolved_for_claim(cfg))
     path = shard_path(out_dir, cfg.shard, cfg.num_shards)
-    done = existing_keys(path, questions, samples)
+    existing = existing_trajectories(path, questions, samples)
+    failed = {key for key, ok in existing.items() if not ok}
     total = len(questions) * len(samples)
-    result = GenerateResult(path, total, len(done), 0)
-    if len(done) == total:
+    result = GenerateResult(path, total, len(existing), 0, failed=len(failed))
+    retry = failed if retry_failed else set()
+    if len(existing) == total and not retry:
         return result
 
     retriever = retriever or build_retriever(prepare_retriever_config(cfg, out_dir))
     owned = llm is None  # built here, so closed here (vLLM's engine processes)
     llm = llm or build_llm(cfg.runtime.llm)
     try:
-        _generate_waves(cfg, llm, retriever, questions, samples, done, path, result, progress)
+        _generate_waves(cfg, llm, retriever, questions, samples, set(existing), retry, path, result, progress)
     finally:
         if owned:
             close_llm(llm)
@@ -151,34 +160,56 @@ def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever |
 
 
 def _generate_waves(cfg: GenerateConfig, llm: LLM, retriever: Retriever, questions: list[Question],
-                    samples: list[Sample], done: set[str], path: Path, result: GenerateResult,
+                    samples: list[Sample], done: set[str], retry: set[str], path: Path, result: GenerateResult,
                     progress: bool) -> None:
-    """One wave per sample id, each trajectory appended the moment it is answered."""
+    """One wave per sample id, each new trajectory appended the moment it is answered; then the
+    retried ones, which replace their failed records in place, a loop round's worth at a time."""
     from tqdm import tqdm
 
     total = len(questions) * len(samples)
-    bar = tqdm(total=total, initial=len(done), desc=f"teacher shard {cfg.shard}/{cfg.num_shards}",
+    bar = tqdm(total=total, initial=len(done) - len(retry), desc=f"teacher shard {cfg.shard}/{cfg.num_shards}",
                unit="traj", disable=not progress, dynamic_ncols=True)
     with JsonlWriter(path) as out:
-        for sample in samples:
-            todo = [q for q in questions if f"{q.id}#{sample.sample_id}" not in done]
-            if not todo:
-                continue
-            loop_cfg = dataclasses.replace(cfg.runtime.loop, temperature=sample.temperature, seed=sample.seed)
-            loop = KairLoop(llm, retriever, loop_cfg)
-            extra = sample_extra(cfg, sample)
-            for trace in run_wave(loop, todo, extra):
+        for sample, loop, todo in _waves(cfg, llm, retriever, questions, samples, lambda k: k not in done):
+            for trace in run_wave(loop, todo, sample_extra(cfg, sample)):
                 out.write([trace.to_dict()])  # one complete, fsynced line per finished trajectory
                 result.written += 1
+                result.failed += trace.error is not None
                 bar.update(1)
+    # With the appending writer closed: a rewrite renames a new file over the old one.
+    flush_every = cfg.runtime.loop.round_size
+    for sample, loop, todo in _waves(cfg, llm, retriever, questions, samples, lambda k: k in retry):
+        pending: dict[str, dict] = {}
+        for trace in run_wave(loop, todo, sample_extra(cfg, sample)):
+            pending[trajectory_key(trace)] = trace.to_dict()
+            result.written += 1
+            result.retried += 1
+            result.failed -= trace.error is None
+            bar.update(1)
+            if len(pending) >= flush_every:
+                replace_records(path, pending, key=lambda r: trajectory_key(Trace.from_dict(r)))
+                pending = {}
+        if pending:
+            replace_records(path, pending, key=lambda r: trajectory_key(Trace.from_dict(r)))
     bar.close()
 
 
-def existing_keys(path: Path, questions: list[Question], samples: list[Sample]) -> set[str]:
-    """Keys already written (a torn last line is cut off first); a key this run would not
-    produce means the file belongs to another config or shard."""
+def _waves(cfg: GenerateConfig, llm: LLM, retriever: Retriever, questions: list[Question], samples: list[Sample],
+           wanted: Callable[[str], bool]):
+    """(sample, its loop, its questions whose key is wanted) for every sample with some."""
+    for sample in samples:
+        todo = [q for q in questions if wanted(f"{q.id}#{sample.sample_id}")]
+        if todo:
+            loop_cfg = dataclasses.replace(cfg.runtime.loop, temperature=sample.temperature, seed=sample.seed)
+            yield sample, KairLoop(llm, retriever, loop_cfg), todo
+
+
+def existing_trajectories(path: Path, questions: list[Question], samples: list[Sample]) -> dict[str, bool]:
+    """Key -> whether it ran without error, for the trajectories already written (a torn last
+    line is cut off first); a key this run would not produce means the file belongs to another
+    config or shard."""
     planned = {f"{q.id}#{s.sample_id}" for q in questions for s in samples}
-    keys: set[str] = set()
+    keys: dict[str, bool] = {}
     for i, rec in enumerate(recover(path), 1):
         key = trajectory_key(Trace.from_dict(rec))
         if key not in planned:
@@ -186,7 +217,7 @@ def existing_keys(path: Path, questions: list[Question], samples: list[Sample]) 
                               f"(another config or --num-shards?); use another out_dir")
         if key in keys:
             raise ConfigError(f"{path}:{i}: trajectory {key} appears twice")
-        keys.add(key)
+        keys[key] = rec.get("error") is None
     return keys
 
 

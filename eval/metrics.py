@@ -156,3 +156,23 @@ def evaluate_traces(traces: Iterable[Trace], metrics: Iterable[str] | None = Non
     """Score and aggregate a run's traces in one call."""
     names = list(metrics) if metrics is not None else None
     return aggregate(score_trace(t, names) for t in traces)
+
+
+def format_validity(traces: Iterable[Trace]) -> float | None:
+    """The share (x100) of KAIR steps whose index, judgment and query all came from the model
+    (`Step.parsed_ok`: no format repair), over the traces of an index-keeping method.
+
+        format_validity = sum(valid steps) / sum(max(steps, 1)) over those traces
+
+    Every question is in the denominator with at least one step: a question that failed (a
+    backend error, say) before its first step recorded none, and counts as 0 valid steps out of
+    1, so an outage lowers the figure instead of dropping out of it. A question that failed later
+    counts the steps it recorded. None when no trace keeps an index (vanilla and the baselines).
+    """
+    valid = expected = 0
+    for t in traces:
+        if not t.index_format or t.index_format == "none":
+            continue
+        valid += sum(s.parsed_ok for s in t.steps)
+        expected += max(len(t.steps), 1)
+    return 100.0 * valid / expected if expected else None

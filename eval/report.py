@@ -15,7 +15,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from eval.metrics import aggregate, score_trace
+from eval.metrics import aggregate, format_validity, score_trace
 from kair_runtime.index import index_size
 from kair_runtime.records import Trace
 
@@ -42,8 +42,7 @@ def summarize(traces: list[Trace], gold_ids: dict[str, set[str]] | None = None) 
         "mean_steps": _avg(steps),
         "step_distribution": {str(k): v / n for k, v in sorted(Counter(steps).items())} if n else {},
         "stop_reasons": dict(Counter(t.stop_reason for t in traces)),
-        # Share of steps whose index, judgment and query all came from the model (KAIR methods).
-        "format_validity": 100 * _avg(s.parsed_ok for s in all_steps) if uses_index and all_steps else None,
+        "format_validity": format_validity(traces),  # failures before step 1 count as an invalid step
         "fallbacks": dict(Counter(f for s in all_steps for f in s.fallbacks)),
         "prompt_tokens_per_question": _avg(t.usage.prompt_tokens for t in traces),
         "completion_tokens_per_question": _avg(t.usage.completion_tokens for t in traces),
@@ -153,7 +152,9 @@ def step_distribution_table(rows: list[dict[str, Any]]) -> str:
 
 
 def markdown_report(rows: list[dict[str, Any]], datasets: list[str]) -> str:
-    parts = ["# Results", "", "F1 / EM (x100; every question in the denominator, failures score 0)", "",
+    failed = sum(r["summary"]["failed"] for r in rows)
+    parts = ["# Results", "", f"F1 / EM (x100; every question in the denominator, failures score 0: {failed} failed "
+             "over all runs, see `failed` below)", "",
              results_table(rows, datasets), "", "## Run statistics", "", stats_table(rows), "",
              "## Reached retrieval step (Table 6)", "", step_distribution_table(rows), ""]
     recall_rows = [r for r in rows if "recall" in r["summary"]]

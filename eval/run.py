@@ -12,7 +12,9 @@ Evaluate every (model, dataset, method) combination and write a run folder:
 Retrieval is over each dataset's closed corpus (the paragraphs of the file evaluated, unless
 `corpus`/`corpus_from` say otherwise), or over the prebuilt index of `runtime.retriever.index_dir`.
 A rerun of the same command continues where it stopped: finished questions are read back from
-traces.jsonl (a torn last line from a kill is dropped) and only the rest are run.
+traces.jsonl (a torn last line from a kill is dropped) and only the rest are run. A question whose
+run failed (its trace has `error` set, e.g. the backend was down) is kept as a failure, scored 0;
+`--retry-failed` runs those again and replaces their records in place, keeping the others.
 `kair eval compare RUN [RUN ...]` prints one table over several runs.
 """
 
@@ -33,9 +35,8 @@ import yaml
 from eval.methods import METHODS, MethodSettings, build_method
 from eval.report import markdown_report, results_table, summarize, write_plots
 from eval.datasets import DatasetError
-from kair_runtime.config import (ConfigError, RuntimeConfig, apply_overrides, check_retrieval_settings, from_dict,
-                                 read_yaml, to_dict)
-from kair_runtime.jsonl import JsonlError, JsonlWriter, atomic_write_text, recover
+from kair_runtime.config import ConfigError, RuntimeConfig, apply_overrides, from_dict, read_yaml, to_dict
+from kair_runtime.jsonl import JsonlError, JsonlWriter, atomic_write_text, recover, replace_records
 from kair_runtime.llm import AdapterSwitcher, BackendError
 from kair_runtime.records import Question, ScoredPassage, Trace
 from kair_runtime.retrieval import CorpusError, Retriever, build_retriever
@@ -177,7 +178,6 @@ def check_eval_config(cfg: EvalConfig) -> None:
         raise ConfigError(f"chunk_size must be >= 1, got {cfg.chunk_size}")
     if cfg.baselines.vanilla_top_k < 1:
         raise ConfigError(f"baselines.vanilla_top_k must be >= 1, got {cfg.baselines.vanilla_top_k}")
-    check_retrieval_settings(cfg.runtime, "runtime.")
     for i, spec in enumerate(cfg.datasets):
         get_spec(spec.name)  # an unknown name fails here, before anything is written
         if cfg.runtime.retriever.index_dir and (spec.corpus or spec.corpus_from or spec.extra_corpus):
@@ -209,7 +209,9 @@ def final_docs_fn(robust: RobustnessConfig, shuffle_seed: int | None, gold_ids: 
 
 # ---------------------------------------------------------------- the run
 
-def run_eval(cfg: EvalConfig, run_dir: Path, progress: bool = True) -> list[dict]:
+def run_eval(cfg: EvalConfig, run_dir: Path, progress: bool = True, retry_failed: bool = False) -> list[dict]:
+    """Run (or resume) every combination and write the reports; retry_failed also reruns the
+    questions a previous run recorded as failed."""
     from tqdm import tqdm
 
     check_eval_config(cfg)
@@ -241,7 +243,8 @@ def run_eval(cfg: EvalConfig, run_dir: Path, progress: bool = True) -> list[dict
 
                     with tqdm(total=len(questions), desc=f"{tag} {spec.label} {label}", disable=not progress,
                               unit="q") as bar:
-                        traces = resume_traces(make_method, questions, path, bar.update, cfg.chunk_size)
+                        traces = resume_traces(make_method, questions, path, bar.update, cfg.chunk_size,
+                                               retry_failed)
                     summary = summarize(traces, gold)
                     summary["skipped_malformed"] = len(skipped)  # not in n: they never became questions
                     rows.append({"model": tag, "dataset": spec.label, "method": label, "summary": summary})
@@ -250,22 +253,35 @@ def run_eval(cfg: EvalConfig, run_dir: Path, progress: bool = True) -> list[dict
 
 
 def resume_traces(make_method, questions: list[Question], path: Path, advance,
-                  chunk_size: int = 16) -> list[Trace]:
+                  chunk_size: int = 16, retry_failed: bool = False) -> list[Trace]:
     """Every question's trace, in order: those already in `path` (a torn last line is cut off),
     the rest run through make_method() (called only if some are left) and appended chunk by
-    chunk, so an interrupted run loses at most one chunk. advance(n) reports progress."""
+    chunk, so an interrupted run loses at most one chunk. advance(n) reports progress.
+
+    retry_failed: questions whose recorded trace has an error run again too; each chunk's new
+    traces replace the failed records in place (an atomic rewrite), so a kill mid-retry keeps
+    every success and leaves the not yet retried failures to the next --retry-failed."""
     done = {r["question"]["id"]: Trace.from_dict(r) for r in recover(path)}
-    advance(sum(q.id in done for q in questions))
+    retry = [q for q in questions if q.id in done and done[q.id].error is not None] if retry_failed else []
     todo = [q for q in questions if q.id not in done]
+    advance(sum(q.id in done for q in questions) - len(retry))
+    if not todo and not retry:
+        return [done[q.id] for q in questions]
+    method = make_method()
+    path.parent.mkdir(parents=True, exist_ok=True)
     if todo:
-        method = make_method()
-        path.parent.mkdir(parents=True, exist_ok=True)
         with JsonlWriter(path) as out:
             for i in range(0, len(todo), chunk_size):
                 chunk = method.run(todo[i:i + chunk_size])
                 out.write(t.to_dict() for t in chunk)
                 done.update((t.question.id, t) for t in chunk)
                 advance(len(chunk))
+    # After the appends, with no writer open: a rewrite renames a new file over the old one.
+    for i in range(0, len(retry), chunk_size):
+        chunk = method.run(retry[i:i + chunk_size])
+        replace_records(path, {t.question.id: t.to_dict() for t in chunk}, key=lambda r: r["question"]["id"])
+        done.update((t.question.id, t) for t in chunk)
+        advance(len(chunk))
     return [done[q.id] for q in questions]
 
 
@@ -339,6 +355,9 @@ def main(
     limit: Optional[int] = typer.Option(None, help="First N questions per dataset."),
     run_name: Optional[str] = typer.Option(None, help="Run folder name under out_dir."),
     out_dir: Optional[str] = typer.Option(None, help="Where run folders go (default runs/eval)."),
+    retry_failed: bool = typer.Option(False, "--retry-failed",
+                                      help="Also rerun the questions a previous run of this folder recorded as "
+                                           "failed (e.g. a backend outage), replacing their records."),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -349,14 +368,27 @@ def main(
         cfg = load_eval_config(config, set_, model=model, adapter=adapter, checkpoints=checkpoints,
                                datasets=datasets, methods=methods, limit=limit, run_name=run_name, out_dir=out_dir)
         run_dir = Path(cfg.out_dir) / (cfg.run_name or Path(config).stem)
-        rows = run_eval(cfg, run_dir)
+        rows = run_eval(cfg, run_dir, retry_failed=retry_failed)
     except USER_ERRORS as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         typer.echo(f"error: {message}", err=True)
         raise typer.Exit(2)
     datasets_seen = list(dict.fromkeys(r["dataset"] for r in rows))
     typer.echo(results_table(rows, datasets_seen))
+    typer.echo(failures_line(rows))
     typer.echo(f"\nrun folder: {run_dir}  (results.md, summary.json, plots/)")
+
+
+def failures_line(rows: list[dict]) -> str:
+    """How many questions failed over the whole run (each scored 0), and how to rerun them."""
+    failed = sum(r["summary"]["failed"] for r in rows)
+    total = sum(r["summary"]["n"] for r in rows)
+    if not failed:
+        return f"failed: 0 of {total} question runs"
+    where = ", ".join(f"{r['model']}/{r['dataset']}/{r['method']}: {r['summary']['failed']}"
+                      for r in rows if r["summary"]["failed"])
+    return (f"failed: {failed} of {total} question runs, scored 0 ({where}); "
+            "rerun with --retry-failed to run them again")
 
 
 def load_eval_config(path: str, overrides: list[str], **flags) -> EvalConfig:

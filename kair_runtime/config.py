@@ -3,13 +3,17 @@
     cfg = load_config(RuntimeConfig, "configs/runtime/default.yaml", ["loop.max_steps=3"])
 
 Unknown keys are an error that names the key and the valid ones, so a typo never silently
-falls back to a default. Other packages (eval, data_gen, serve) nest `RuntimeConfig` in their own
+falls back to a default. Types are strict (a bool is not an int, a string is not a number), and
+`from_dict` calls the `validate(where)` method of every config dataclass it builds, so a value out
+of its range (`loop.max_steps=0`) is refused where the config is read, for every command alike. Other packages (eval, data_gen, serve) nest `RuntimeConfig` in their own
 dataclasses and reuse these helpers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,6 +21,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from kair_runtime.index import INDEX_UPDATE_RULES
 
 T = TypeVar("T")
 
@@ -56,6 +62,9 @@ class LLMConfig:
     max_model_len: int | None = None
     max_lora_rank: int = 16  # vLLM's default; raise it for adapters trained with a larger r
 
+    def validate(self, where: str = "llm") -> None:
+        check_ranges(self, LLM_RANGES, where)
+
 
 @dataclass
 class RetrieverConfig:
@@ -72,6 +81,9 @@ class RetrieverConfig:
     device: str = "cpu"
     url: str | None = None  # remote retriever service
     timeout_s: float = 30.0
+
+    def validate(self, where: str = "retriever") -> None:
+        check_ranges(self, RETRIEVER_RANGES, where)
 
 
 @dataclass
@@ -96,6 +108,12 @@ class LoopConfig:
     answer_mode: str = "answer"  # answer (docs + index) | answer_docs | answer_index
     round_size: int = 64  # questions advanced together per round (bounds memory)
 
+    def validate(self, where: str = "loop") -> None:
+        check_ranges(self, LOOP_RANGES, where)
+        if self.index_update not in INDEX_UPDATE_RULES:
+            raise ConfigError(f"{_dotted(where, 'index_update')}={self.index_update!r} is not one of "
+                              f"{', '.join(INDEX_UPDATE_RULES)}")
+
 
 @dataclass
 class RuntimeConfig:
@@ -104,16 +122,65 @@ class RuntimeConfig:
     loop: LoopConfig = field(default_factory=LoopConfig)
 
 
-def check_retrieval_settings(cfg: RuntimeConfig, where: str = "") -> None:
-    """Ranges of the retrieval settings, checked where a config is read: out of range, they would
-    fail at the first search, after the run folder and the model were set up. `where` prefixes
-    the key in the message (e.g. "runtime.")."""
-    for key, value in (("loop.top_k", cfg.loop.top_k), ("retriever.nprobe", cfg.retriever.nprobe),
-                       ("retriever.batch_size", cfg.retriever.batch_size)):
-        if value < 1:
-            raise ConfigError(f"{where}{key} must be >= 1, got {value}")
-    if cfg.retriever.timeout_s <= 0:
-        raise ConfigError(f"{where}retriever.timeout_s must be > 0, got {cfg.retriever.timeout_s}")
+# ---------------------------------------------------------------- ranges
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric config field allows: low <= v (low < v when low_open) and v <= high."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+
+    def allows(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or value <= self.high
+
+    def __str__(self) -> str:
+        low = None if self.low is None else f"{'>' if self.low_open else '>='} {self.low:g}"
+        if self.high is None:
+            return low or "a finite number"
+        if self.low is None:
+            return f"<= {self.high:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+
+
+def check_ranges(cfg: Any, ranges: dict[str, Range], where: str) -> None:
+    """Raise a one-line ConfigError naming the first field of `cfg` outside its range.
+    A None value is the field's "unset" (an optional field) and is not checked."""
+    for name, allowed in ranges.items():
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        if not math.isfinite(value):  # .nan passes no comparison; .inf is never a meant setting
+            raise ConfigError(f"{_dotted(where, name)}={value!r} is not a finite number; allowed: {allowed}")
+        if not allowed.allows(value):
+            raise ConfigError(f"{_dotted(where, name)}={value!r} is out of range; allowed: {allowed}")
+
+
+AT_LEAST_1 = Range(low=1)
+NON_NEGATIVE = Range(low=0)
+POSITIVE = Range(low=0, low_open=True)
+SHARE = Range(low=0, high=1, low_open=True)  # a fraction of something that must not be empty
+
+# Every numeric field of LLMConfig; the bool fields are checked by type alone.
+LLM_RANGES: dict[str, Range] = {
+    "batch_size": AT_LEAST_1, "concurrency": AT_LEAST_1, "timeout_s": POSITIVE, "retries": NON_NEGATIVE,
+    "tensor_parallel_size": AT_LEAST_1, "gpu_memory_utilization": SHARE, "kv_cache_gib": POSITIVE,
+    "max_model_len": AT_LEAST_1, "max_lora_rank": AT_LEAST_1,
+}
+
+# Every numeric field of LoopConfig. A seed is >= 0 on every backend alike (numpy and some
+# servers refuse negative ones), so a config does not work on one backend and fail on another.
+# Out of range, these would fail at the first search, after the run folder and the model were set up.
+RETRIEVER_RANGES: dict[str, Range] = {"nprobe": AT_LEAST_1, "batch_size": AT_LEAST_1, "timeout_s": POSITIVE}
+
+LOOP_RANGES: dict[str, Range] = {
+    "max_steps": AT_LEAST_1, "top_k": AT_LEAST_1, "step_max_tokens": AT_LEAST_1, "answer_max_tokens": AT_LEAST_1,
+    "temperature": NON_NEGATIVE, "top_p": SHARE, "seed": NON_NEGATIVE, "max_passage_words": AT_LEAST_1,
+    "no_repeat_ngram": NON_NEGATIVE, "round_size": AT_LEAST_1,
+}
 
 
 # ---------------------------------------------------------------- generic helpers
@@ -141,7 +208,13 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
             kwargs[name] = from_dict(typ, value, _dotted(where, name))
         else:
             kwargs[name] = _coerce(value, typ, _dotted(where, name))
-    return cls(**kwargs)
+    cfg = cls(**kwargs)
+    # Each config class checks its own ranges (and its fields against each other) here, once,
+    # on every path from a file or a flag to a config; programmatic construction is the caller's.
+    validate = getattr(cfg, "validate", None)
+    if validate is not None:
+        validate(where)
+    return cfg
 
 
 def _field_default(f: dataclasses.Field) -> Any:
@@ -191,14 +264,14 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         return value
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if typ is float and isinstance(value, str):
-        # YAML 1.1 reads 5e-4 (no dot) as a string; a user writing it means the number.
-        try:
-            return float(value)
-        except ValueError:
-            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if typ is float and not isinstance(value, float):
+        # A string never becomes a number here: `"3"` is quoted on purpose, and 5e-4, which YAML
+        # 1.1 leaves a string, is already a float from read_yaml/apply_overrides (_ConfigLoader).
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
     if typ is bool and not isinstance(value, bool):
         raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if typ is int and isinstance(value, bool):  # bool subclasses int: `max_steps: true` would be 1
+        raise ConfigError(f"{where}: expected int, got {value!r}")
     if isinstance(typ, type) and not isinstance(value, typ):
         raise ConfigError(f"{where}: expected {typ.__name__}, got {value!r}")
     return value
@@ -220,8 +293,21 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {p} is not a section")
-        node[leaf] = yaml.safe_load(raw) if raw.strip() else None
+        node[leaf] = _load_yaml(raw) if raw.strip() else None
     return data
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML 1.1 with one YAML 1.2 rule: an exponent without a dot (5e-4, 1e6) is a float, not the
+    string PyYAML makes of it, so a config never needs strings read as numbers."""
+
+
+_ConfigLoader.add_implicit_resolver(  # on the subclass only: PyYAML copies the table first
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -229,7 +315,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = _load_yaml(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):

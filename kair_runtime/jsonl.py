@@ -8,7 +8,8 @@ Writing: long jobs (eval runs, teacher generation) append one complete JSON line
 flush it to disk. On restart, `recover()` reads what is there, cuts off a torn last line (a write
 interrupted mid-line), and returns the complete records, so the job continues with no lost and
 no duplicated record. A derived file written whole (a corpus, a manifest) goes through
-`atomic_write`, so a kill leaves the old file or none, never half of one.
+`atomic_write`, so a kill leaves the old file or none, never half of one; `replace_records()`
+swaps some records for new ones (a retried failure) by rewriting the file through it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Callable, Iterable, Iterator
 
 
 class JsonlError(ValueError):
@@ -189,6 +190,23 @@ class JsonlWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def replace_records(path: str | Path, new: dict[str, dict[str, Any]], key: Callable[[dict[str, Any]], str]) -> None:
+    """Replace, in place, each record of `path` whose key(record) is in `new`; the others and the
+    order stay. Written to a temporary file, fsynced, then renamed over `path`."""
+    path = Path(path)
+    records = recover(path)
+    missing = set(new) - {key(r) for r in records}
+    if missing:
+        raise KeyError(f"{path}: no record to replace for {sorted(missing)[:3]}")
+    with atomic_write(path) as f:
+        f.write("".join(json.dumps(new.get(key(r), r), ensure_ascii=False) + "\n" for r in records))
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -198,7 +198,7 @@ def test_a_bad_dataset_file_is_one_line_and_exit_2(tmp_path, case):
 
 @pytest.mark.parametrize("args, cfg_kw, fragment", [
     (["--limit", "-1"], {}, "limit must be >= 1, got -1"),
-    (["--set", "runtime.loop.top_k=0"], {}, "runtime.loop.top_k must be >= 1, got 0"),
+    (["--set", "runtime.loop.top_k=0"], {}, "runtime.loop.top_k=0 is out of range; allowed: >= 1"),
     (["--set", "chunk_size=0"], {}, "chunk_size must be >= 1, got 0"),
 ])
 def test_out_of_range_settings_are_one_line_and_exit_2(tmp_path, args, cfg_kw, fragment):
