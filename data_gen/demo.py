@@ -492,11 +492,6 @@ def scale_note(cfg: DemoConfig, n_dev: int) -> str | None:
     return SMOKE_NOTE.format(steps=cfg.train.steps, n_dev=n_dev)
 
 
-def serve_hint(cfg: DemoConfig, student: Path) -> str:
-    key = "llm.adapter" if cfg.train.use_peft else "llm.model"
-    return f"kair serve --config configs/serve/default.yaml --set {key}={student}"
-
-
 def write_serve_config(cfg: DemoConfig, student: Path, corpus: Path, out: Path) -> Path:
     """OUT/serve.yaml: the tuned student behind the loop settings it was trained with."""
     from kair_runtime.serve.config import ServeConfig

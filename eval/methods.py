@@ -28,14 +28,13 @@ from typing import Callable, Protocol
 from kair_runtime.config import LoopConfig
 from kair_runtime.index import empty_index
 from kair_runtime.llm.base import LLM, Completion, SamplingParams, check_no_repeat_ngram
-from kair_runtime.loop import FinalDocsFn, KairLoop, extract_answer, generate_isolated
+from kair_runtime.loop import FinalDocsFn, KairLoop, ProgressFn, extract_answer, generate_isolated
 from kair_runtime.parser import parse_step_output
 from kair_runtime.prompts import PromptSet
 from kair_runtime.records import Message, Question, ScoredPassage, Step, Trace
 from kair_runtime.retrieval.base import Retriever
 
 PROMPT_DIR = Path(__file__).parent / "prompts"
-ProgressFn = Callable[[int], None]
 
 
 @dataclass
