@@ -314,6 +314,9 @@ def run(argv: list[str] | None = None):
     logging.getLogger("train").setLevel(logging.INFO)
     script_args, training_args, model_args = parse_args(argv)
     trainer = main(script_args, training_args, model_args)
+    # Rank 0 checks the adapter alone; a rank that tore the process group down meanwhile has been
+    # seen to abort at exit ("terminate called without an active exception"), so all ranks meet first.
+    trainer.accelerator.wait_for_everyone()
     if hasattr(trainer, "end"):  # transformers >= 5.18: finish trackers, destroy the process group
         trainer.end()
     return trainer
