@@ -12,14 +12,14 @@ paragraph that holds it, the query that looks for it, and the anchors it adds to
               are searched for by their title's entity (the bridge entity, or the second
               compared entity); relations come from the supporting sentences
 
-The chain is then run like the loop runs a model, with REAL retrieval: step 1 retrieves with
-the question; at every step the index holds the anchors of the hops whose paragraph has been
-retrieved so far (only what the retrieved documents support), the judgment is sufficient once
-every hop's paragraph has been retrieved, else insufficient with the query of the first hop
-still missing. Prompts are rendered with PromptSet exactly as the loop renders them, the step
-output with render_step_output, and each step's index/reasoning/judgment/query are what the
-parser reads back from that output, so the trace is one the loop could have produced. The final
-answer is the gold answer. A chain whose evidence is not all retrieved within max_steps is kept
+The chain is then replayed through KairLoop itself, with REAL retrieval, by an oracle LLM
+(GoldOracle) that writes the step the chain implies: step 1 retrieves with the question; at
+every step the index holds the anchors of the hops whose paragraph has been retrieved so far
+(only what the retrieved documents support), the judgment is sufficient once every hop's
+paragraph has been retrieved, else insufficient with the query of the first hop still missing.
+The oracle renders that step with render_step_output; the loop does everything else (prompts,
+parsing, fallbacks, stopping, the answer prompt), so a silver trajectory is by construction what
+the loop records. The final answer is the gold answer; tokens and times are 0. A chain whose evidence is not all retrieved within max_steps is kept
 and marked `extra.complete = false` (filter drops it). Every index format is supported.
 """
 
@@ -36,11 +36,11 @@ from eval.metrics import normalize_answer
 from kair_runtime.config import ConfigError, RuntimeConfig
 from kair_runtime.index import get_format, norm_key
 from kair_runtime.jsonl import JsonlWriter
-from kair_runtime.loop import extract_answer
+from kair_runtime.llm.base import Completion, SamplingParams
+from kair_runtime.loop import STEP, KairLoop, QuestionState
 from kair_runtime.output_format import render_step_output
-from kair_runtime.parser import parse_step_output
 from kair_runtime.prompts import PromptSet
-from kair_runtime.records import FALLBACK_RETRIEVAL_EMPTY, Index, Question, ScoredPassage, Step, Trace
+from kair_runtime.records import Index, Message, Question, ScoredPassage, Trace
 from kair_runtime.retrieval.base import Retriever
 
 SOURCE = "annotations"
@@ -336,13 +336,12 @@ def reasoning_for(supported: list[Hop], complete: bool, next_query: str | None) 
 
 @dataclass
 class ChainState:
-    question: Question
+    """One chain's progress: which queries it has searched with and which documents it has seen."""
+
+    question: Question  # with its gold metadata (MuSiQue's chain reads the context paragraphs)
     hops: list[Hop]
-    trace: Trace
-    query: str
     tried: set[str] = field(default_factory=set)
     seen: dict[str, ScoredPassage] = field(default_factory=dict)
-    done: bool = False
 
     def supported(self) -> list[Hop]:
         return [h for h in self.hops if any(d in self.seen for d in h.doc_ids)]
@@ -358,77 +357,113 @@ class ChainState:
         return pending[0].queries[0] if pending and pending[0].queries else self.question.question
 
 
+class GoldOracle:
+    """The LLM a silver trajectory replays through KairLoop: at each step it writes the output the
+    chain implies for the documents the loop actually retrieved (by id, from the question's state),
+    at the answer the gold answer. No tokens: nothing was generated. Its first error is kept and
+    raised after the run (the loop would only record it on the trace)."""
+
+    name = SOURCE
+
+    def __init__(self, format_name: str):
+        self.fmt = get_format(format_name)
+        self.builder = INDEX_BUILDERS[self.fmt.name]
+        self.chains: dict[int, ChainState] = {}  # by id(trace): questions may share an id or a text
+        self.error: Exception | None = None
+
+    def follow(self, state: QuestionState, chain_state: ChainState) -> None:
+        self.chains[id(state.trace)] = chain_state
+
+    def generate_for(self, kind: str, states: list[QuestionState], prompts: list[list[Message]],
+                     sampling: SamplingParams) -> list[Completion]:
+        try:
+            return [Completion(self._step(s) if kind == STEP else self._answer(s), 0, 0) for s in states]
+        except Exception as e:
+            self.error = self.error or e
+            raise
+
+    def _step(self, state: QuestionState) -> str:
+        c, docs, steps = self.chains[id(state.trace)], state.retrieved, state.trace.steps
+        c.tried.add(norm_key(state.query))
+        for p in docs:
+            c.seen.setdefault(p.id, p)
+        supported = c.supported()
+        complete = len(supported) == len(c.hops)
+        # Always a merge with the step before, whatever loop.index_update says: the loop's parser
+        # then applies index_update to this output as it would to a model's.
+        prev = steps[-1].index if steps else Index(format=self.fmt.name)
+        index = self.fmt.merge(prev, self.builder(anchors(supported, docs, c.hops, c.question.question)))
+        next_query = None if complete else c.next_query()
+        return render_step_output(index, reasoning_for(supported, complete, next_query),
+                                  "sufficient" if complete else "insufficient", next_query)
+
+    def _answer(self, state: QuestionState) -> str:
+        q = self.chains[id(state.trace)].question
+        return q.answers[0] if q.answers else ""
+
+
 def run_silver(questions: list[Question], retriever: Retriever, runtime: RuntimeConfig,
                corpus: str | Path) -> list[Trace]:
-    """Silver trajectories for `questions` (with their gold metadata), one batched retrieval
-    call per step over every chain still running."""
-    loop = runtime.loop
-    prompts = PromptSet.for_loop(loop)
-    fmt = get_format(prompts.format)
-    builder = INDEX_BUILDERS[fmt.name]
+    """Silver trajectories for `questions` (with their gold metadata): the gold chains replayed
+    through KairLoop with GoldOracle, one batched retrieval call per round over every chain still
+    running. A question with no chain gets an error trace, outside the loop."""
+    prompts = PromptSet.for_loop(runtime.loop)
     gold = GoldDocs(corpus)
-    states = []
+    chains = []
     for q in questions:
         if q.dataset not in CHAINS:
             raise ConfigError(f"silver has no chain builder for dataset {q.dataset!r} (question {q.id}); "
                               f"supported: {sorted(CHAINS)}")
-        hops = CHAINS[q.dataset](q, gold)
-        trace = Trace(question=without_context(q), method="kair", index_format=fmt.name,
-                      extra={"teacher": SOURCE, "sample_id": 0, "prompt_version": prompts.version,
-                             "retriever": getattr(retriever, "name", ""), "hops": len(hops),
-                             "unmapped_hops": sum(not h.doc_ids for h in hops)})
-        states.append(ChainState(q, hops, trace, query=q.question, done=not hops))
-        if not hops:
-            trace.extra["note"] = "no gold annotations to build a chain from"
-    active = [s for s in states if not s.done]
-    while active:
-        retrieved = retriever.search([s.query for s in active], loop.top_k)
-        for s, docs in zip(active, retrieved):
-            _silver_step(s, docs, prompts, builder)
-            if s.trace.steps[-1].judgment == "sufficient":
-                s.done, s.trace.stop_reason = True, "sufficient"
-            elif len(s.trace.steps) >= loop.max_steps:
-                s.done, s.trace.stop_reason = True, "max_steps"
-        active = [s for s in active if not s.done]
-    for s in states:
-        _finish(s, prompts, loop.answer_mode)
-    return [s.trace for s in states]
+        chains.append(ChainState(q, CHAINS[q.dataset](q, gold)))
+    oracle = GoldOracle(prompts.format)
+    todo = [c for c in chains if c.hops]
+    following = iter(todo)
+
+    def begin(state: QuestionState) -> None:  # called per question, in input order
+        c = next(following)
+        state.trace.extra = silver_extra(c, prompts, retriever)
+        oracle.follow(state, c)
+
+    replayed: list[Trace] = []
+    if todo:
+        # Every chain in one round, as dense retrieval encodes a round's queries together; the
+        # oracle bans no n-grams (it generates nothing), so no_repeat_ngram is off for it.
+        cfg = dataclasses.replace(runtime.loop, round_size=len(todo), no_repeat_ngram=0)
+        replayed = KairLoop(oracle, retriever, cfg, prompts).run([without_context(c.question) for c in todo],
+                                                                 on_start=begin)
+    if oracle.error is not None:
+        raise oracle.error
+    failed = [t for t in replayed if t.error is not None]
+    if failed:
+        raise RuntimeError(f"silver replay of question {failed[0].question.id} failed: {failed[0].error}")
+    by_chain = dict(zip(map(id, todo), replayed))
+    traces = []
+    for c in chains:
+        tr = by_chain[id(c)] if c.hops else no_chain_trace(c, prompts, retriever)
+        tr.extra["complete"] = bool(c.hops) and len(c.supported()) == len(c.hops)
+        tr.extra["supported_hops"] = len(c.supported())
+        tr.wall_time_s = 0.0  # a replay, not a run: nothing was timed
+        for step in tr.steps:
+            step.wall_time_s = 0.0
+        traces.append(tr)
+    return traces
 
 
-def _silver_step(s: ChainState, docs: list[ScoredPassage], prompts: PromptSet, builder: IndexBuilder) -> None:
-    tr, q0 = s.trace, s.question.question
-    s.tried.add(norm_key(s.query))
-    for p in docs:
-        s.seen.setdefault(p.id, p)
-    supported = s.supported()
-    complete = len(supported) == len(s.hops)
-    fmt = get_format(prompts.format)
-    prev = tr.steps[-1].index if tr.steps else Index(format=fmt.name)
-    index = fmt.merge(prev, builder(anchors(supported, docs, s.hops, q0)))
-    next_query = None if complete else s.next_query()
-    raw = render_step_output(index, reasoning_for(supported, complete, next_query),
-                             "sufficient" if complete else "insufficient", next_query)
-    prompt = prompts.init(q0, docs) if not tr.steps else prompts.update(q0, docs, prev, tr.steps[-1].reasoning, s.query)
-    # What the loop would record for this output: the parser's reading of it.
-    parsed = parse_step_output(raw, fmt.name, prev, q0, prompts.index_update)
-    fallbacks = list(parsed.fallbacks) + ([FALLBACK_RETRIEVAL_EMPTY] if not docs else [])
-    tr.steps.append(Step(step=len(tr.steps) + 1, query=s.query, retrieved=list(docs), prompt=prompt, raw_output=raw,
-                         index=parsed.index, reasoning=parsed.reasoning, judgment=parsed.judgment,
-                         next_query=parsed.next_query, fallbacks=fallbacks))
-    if parsed.judgment == "insufficient":
-        s.query = parsed.next_query or q0
+def silver_extra(c: ChainState, prompts: PromptSet, retriever: Retriever) -> dict:
+    """What a silver trajectory records about its source (run_silver adds complete/supported_hops)."""
+    extra = {"teacher": SOURCE, "sample_id": 0, "prompt_version": prompts.version,
+             "retriever": getattr(retriever, "name", ""), "hops": len(c.hops),
+             "unmapped_hops": sum(not h.doc_ids for h in c.hops)}
+    if not c.hops:
+        extra["note"] = "no gold annotations to build a chain from"
+    return extra
 
 
-def _finish(s: ChainState, prompts: PromptSet, answer_mode: str) -> None:
-    tr = s.trace
-    tr.extra["complete"] = bool(s.hops) and len(s.supported()) == len(s.hops)
-    tr.extra["supported_hops"] = len(s.supported())
-    if not tr.steps:
-        tr.stop_reason, tr.error = "error", tr.extra.get("note", "no steps")
-        return
-    answer = s.question.answers[0] if s.question.answers else ""
-    tr.final_prompt = prompts.answer(s.question.question, tr.all_passages(), tr.final_index, answer_mode)
-    tr.final_output, tr.answer = answer, extract_answer(answer)
+def no_chain_trace(c: ChainState, prompts: PromptSet, retriever: Retriever) -> Trace:
+    """A question whose annotations give no hop: an error trace with no steps (filter drops it)."""
+    extra = silver_extra(c, prompts, retriever)
+    return Trace(question=without_context(c.question), method="kair", index_format=prompts.format,
+                 stop_reason="error", error=extra["note"], extra=extra)
 
 
 def silver(cfg: SilverConfig, retriever: Retriever | None = None) -> tuple[Path, list[Trace]]:

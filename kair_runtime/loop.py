@@ -87,9 +87,11 @@ class KairLoop:
 
     # ------------------------------------------------------------ public
 
-    def run(self, questions: list[Question], progress: ProgressFn | None = None) -> list[Trace]:
-        """Run every question to its answer; traces come back in input order."""
-        states = self._start_all(questions, None)
+    def run(self, questions: list[Question], progress: ProgressFn | None = None,
+            on_start: StartFn | None = None) -> list[Trace]:
+        """Run every question to its answer; traces come back in input order. `on_start` sees
+        every state, in input order, before the first round."""
+        states = self._start_all(questions, on_start)
         for finished in self._rounds(states):
             if progress:
                 progress(len(finished))
@@ -97,7 +99,7 @@ class KairLoop:
 
     def iter_run(self, questions: list[Question], on_start: StartFn | None = None) -> Iterator[Trace]:
         """The rounds of `run`, yielding each trace the moment its question is answered (within a
-        round, in input order); `on_start` sees every state before the first round."""
+        round, in input order)."""
         for finished in self._rounds(self._start_all(questions, on_start)):
             yield from (s.trace for s in finished)
 
