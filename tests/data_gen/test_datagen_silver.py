@@ -10,7 +10,8 @@ import pytest
 from data_gen.filter import FilterConfig, run_filter
 from data_gen.quality import summarize_quality
 from data_gen.sft import SFTConfig, build_sft, check_recorded
-from data_gen.silver import GoldDocs, SilverConfig, musique_chain, run_silver, silver, silver_counts
+from data_gen.chains import GoldDocs, musique_chain
+from data_gen.silver import SilverConfig, run_silver, silver, silver_counts
 from data_gen.store import DataSpec, closed_corpus, load_questions, read_trajectories
 from eval.metrics import normalize_answer
 from kair_runtime.config import LoopConfig, RetrieverConfig, RuntimeConfig
