@@ -20,7 +20,7 @@ import typer
 
 from data_gen.filter import FilterConfig, print_report, run_filter
 from data_gen.quality import QualityConfig, print_quality, summarize_quality, write_quality
-from data_gen.sft import SFTConfig, SFTError, build_sft
+from data_gen.sft import SFTDataConfig, SFTError, build_sft
 from data_gen.silver import SilverConfig, silver, silver_counts
 from data_gen.store import read_trajectories
 from data_gen.teacher import GenerateConfig, generate
@@ -134,9 +134,9 @@ def to_sft_cmd(
 ) -> None:
     """Turn trajectories into chat examples: messages jsonl, a DatasetDict and a dataset card."""
     try:
-        cfg = load(SFTConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "seed": seed,
-                                             "validation_fraction": validation_fraction,
-                                             "prompt_source": prompt_source})
+        cfg = load(SFTDataConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "seed": seed,
+                                                 "validation_fraction": validation_fraction,
+                                                 "prompt_source": prompt_source})
         stats = build_sft(cfg)
     except USER_ERRORS as e:
         _fail(e)
