@@ -714,7 +714,7 @@ def demo_command(
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.learning_rate=5e-4"),
 ) -> None:
     """The whole distillation on the CPU: index, trajectories, SFT of the student, eval, serve."""
-    from eval.run import USER_ERRORS
+    from kair_runtime.errors import USER_ERRORS
 
     try:
         cfg = load_demo_config(config, set_, out=out, train_steps=train_steps, max_steps=max_steps, data=data,
