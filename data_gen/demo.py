@@ -44,7 +44,7 @@ from typing import Any, Optional
 import typer
 import yaml
 
-from data_gen.silver import Hop, chain, fact_with, mentions
+from data_gen.chains import with_passages
 from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig, apply_overrides, \
     from_dict, read_yaml, to_dict
 from kair_runtime.jsonl import atomic_write_text
@@ -105,49 +105,6 @@ class DemoConfig:
     # Which EVAL_RUNS stage 4 runs; e.g. [tuned-kair] to measure the student alone (after a change to
     # the loop settings, in a new out_dir: OUT/traces/ refuses to resume under other settings).
     eval_runs: list[str] = field(default_factory=lambda: list(EVAL_RUNS))
-
-
-# ---------------------------------------------------------------- the demo's gold chains
-
-
-@chain("demo")
-def demo_chain(q: Question, gold) -> list[Hop]:
-    """One hop per `decomposition` step: its passage, its sub-question as the query, and the
-    evidence triples whose object is that hop's answer (else the hop's own triple by position)."""
-    steps = q.metadata.get("decomposition", [])
-    texts = {p["id"]: p["text"] for p in q.metadata.get("supporting_paragraphs", [])}
-    hops = []
-    for s in steps:
-        pid, text = s["passage_id"], texts.get(s["passage_id"], "")
-        hops.append(Hop(title=s.get("title", pid), doc_ids=[pid], queries=[s["question"]],
-                        facts=[fact_with(text, s["answer"])] if text else []))
-    for i, (head, rel, tail) in enumerate(q.metadata.get("evidences", [])):
-        owner = (next((h for h, s in zip(hops, steps) if mentions(s["answer"], tail) or mentions(tail, s["answer"])),
-                      None)
-                 or next((h for h in hops if h.facts and mentions(h.facts[0], head) and mentions(h.facts[0], tail)),
-                         None)
-                 or hops[min(i, len(hops) - 1)])
-        owner.triples.append([head, rel, tail])
-    for h in hops:
-        h.entities = list(dict.fromkeys(x for s, _, o in h.triples for x in (s, o)))
-        h.queries += [f"{r} of {s}" for s, r, _ in h.triples]
-    return hops
-
-
-def with_passages(questions: list[Question], corpus: dict[str, Any]) -> list[Question]:
-    """The demo metadata names its passages by id; the silver chain also wants their text and
-    title, so they are attached here (as `supporting_paragraphs`, the benchmarks' key)."""
-    out = []
-    for q in questions:
-        steps = q.metadata.get("decomposition", [])
-        missing = [s["passage_id"] for s in steps if s["passage_id"] not in corpus]
-        if missing:
-            raise ConfigError(f"demo question {q.id}: passage(s) {missing} are not in the demo corpus")
-        paras = [{"id": p.id, "title": p.title, "text": p.text} for p in (corpus[s["passage_id"]] for s in steps)]
-        meta = dict(q.metadata, supporting_paragraphs=paras,
-                    decomposition=[dict(s, title=corpus[s["passage_id"]].title) for s in steps])
-        out.append(dataclasses.replace(q, metadata=meta))
-    return out
 
 
 # ---------------------------------------------------------------- data: question sets and their corpora

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from data_gen.silver import entity_of
+from data_gen.chains import entity_of
 from eval.metrics import normalize_answer, token_f1
 from kair_runtime.index import get_format
 from kair_runtime.jsonl import atomic_write_text

@@ -1,46 +1,37 @@
 """`kair datagen silver`: KAIR trajectories built from gold annotations instead of a teacher LLM.
 
-Each question's annotations become a chain of hops. A hop is one piece of gold evidence: the
-paragraph that holds it, the query that looks for it, and the anchors it adds to the index
-(triples, entities, supporting sentences):
+Each question's annotations become a chain of hops (data_gen.chains: one piece of gold evidence
+per hop, with the queries that look for it and the anchors it adds to the index).
 
-    2Wiki     one hop per supporting paragraph; its `evidences` triples (subject, relation,
-              object) are the K&R relations; query "<relation> of <subject>"
-    MuSiQue   one hop per `question_decomposition` step; "#1"-style references are replaced by
-              the earlier answers; the sub-question is the query; (head, relation, answer)
-    HotpotQA  one hop per supporting paragraph, the one the question names first; later hops
-              are searched for by their title's entity (the bridge entity, or the second
-              compared entity); relations come from the supporting sentences
-
-The chain is then run like the loop runs a model, with REAL retrieval: step 1 retrieves with
-the question; at every step the index holds the anchors of the hops whose paragraph has been
-retrieved so far (only what the retrieved documents support), the judgment is sufficient once
-every hop's paragraph has been retrieved, else insufficient with the query of the first hop
-still missing. Prompts are rendered with PromptSet exactly as the loop renders them, the step
-output with render_step_output, and each step's index/reasoning/judgment/query are what the
-parser reads back from that output, so the trace is one the loop could have produced. The final
-answer is the gold answer. A chain whose evidence is not all retrieved within max_steps is kept
-and marked `extra.complete = false` (filter drops it). Every index format is supported.
+The chain is then replayed through KairLoop itself, with REAL retrieval, by an oracle LLM
+(GoldOracle) that writes the step the chain implies: step 1 retrieves with the question; at
+every step the index holds the anchors of the hops whose paragraph has been retrieved so far
+(only what the retrieved documents support), the judgment is sufficient once every hop's
+paragraph has been retrieved, else insufficient with the query of the first hop still missing.
+The oracle renders that step with render_step_output; the loop does everything else (prompts,
+parsing, fallbacks, stopping, the answer prompt), so a silver trajectory is by construction what
+the loop records. The final answer is the gold answer; tokens and times are 0. A chain whose
+evidence is not all retrieved within max_steps is kept and marked `extra.complete = false`
+(filter drops it). Every index format is supported.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from data_gen.chains import CHAINS, GoldDocs, Hop, clean_part, entity_of, fact_with, mentions
 from data_gen.store import DataSpec, closed_corpus, load_questions, shard_path, without_context
-from eval.metrics import normalize_answer
 from kair_runtime.config import ConfigError, RuntimeConfig
 from kair_runtime.index import get_format, norm_key
 from kair_runtime.jsonl import JsonlWriter
-from kair_runtime.loop import extract_answer
+from kair_runtime.llm.base import Completion, SamplingParams
+from kair_runtime.loop import STEP, KairLoop, QuestionState
 from kair_runtime.output_format import render_step_output
-from kair_runtime.parser import parse_step_output
 from kair_runtime.prompts import PromptSet
-from kair_runtime.records import FALLBACK_RETRIEVAL_EMPTY, Index, Question, ScoredPassage, Step, Trace
+from kair_runtime.records import Index, Message, Question, ScoredPassage, Trace
 from kair_runtime.retrieval.base import Retriever
 
 SOURCE = "annotations"
@@ -54,223 +45,6 @@ class SilverConfig:
     corpus: str | None = None  # None: the datasets' own paragraphs, built into OUT/corpus.jsonl
     extra_corpus: list[str] = field(default_factory=list)
     out_dir: str = "runs/datagen/silver"
-
-
-@dataclass
-class Hop:
-    """One piece of gold evidence and what it adds to the index once its paragraph is retrieved."""
-
-    title: str
-    doc_ids: list[str]  # corpus ids of its paragraph (supported when any is retrieved)
-    queries: list[str]  # the queries that look for it, tried in order
-    triples: list[list[str]] = field(default_factory=list)
-    facts: list[str] = field(default_factory=list)
-    entities: list[str] = field(default_factory=list)
-
-
-ChainBuilder = Callable[[Question, "GoldDocs"], list[Hop]]
-CHAINS: dict[str, ChainBuilder] = {}
-
-
-def chain(name: str) -> Callable[[ChainBuilder], ChainBuilder]:
-    def add(fn: ChainBuilder) -> ChainBuilder:
-        CHAINS[name] = fn
-        return fn
-    return add
-
-
-class GoldDocs:
-    """Gold paragraphs -> corpus ids: the content hash build_corpus assigns, else by title when
-    exactly one corpus paragraph has that title (a corpus built some other way)."""
-
-    def __init__(self, corpus: str | Path):
-        from eval.corpus import CorpusLookup
-
-        self.lookup = CorpusLookup.from_file(corpus)
-
-    def ids(self, title: str, text: str | None) -> list[str]:
-        from eval.corpus import paragraph_id
-
-        if text is not None and paragraph_id(title, text) in self.lookup.ids:
-            return [paragraph_id(title, text)]
-        pid = self.lookup.unique_title(title)
-        return [pid] if pid else []
-
-
-# ---------------------------------------------------------------- text helpers
-
-_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"“(])")
-_REF = re.compile(r"#(\d+)")
-_WH = re.compile(r"^(?:(?:in|on|at|for|from|by|to|of|with|during|besides)\s+)?(?:what|who|whom|whose|which|when|where|why|"
-                 r"how(?:\s+(?:many|much|long|old|far|big))?)\b\s*(?:(?:is|was|are|were|did|does|do|has|had|have|"
-                 r"will|can|could)\b\s*)?(?:the\b\s*)?", re.IGNORECASE)
-_TRAILING_PREP = re.compile(r"\s+(?:of|by|in|for|to|at|from|with|on|the|a|an|is|was)$", re.IGNORECASE)
-
-
-def sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE.split(text) if s.strip()]
-
-
-def entity_of(title: str) -> str:
-    """A title as an entity name: without its disambiguation, "Lilu (mythology)" -> "Lilu"."""
-    return re.sub(r"\s*\([^)]*\)\s*$", "", title).strip() or title
-
-
-def mentions(text: str, entity: str) -> bool:
-    e = normalize_answer(entity)
-    return bool(e) and f" {e} " in f" {normalize_answer(text)} "
-
-
-def _find(text: str, entity: str) -> tuple[int, int] | None:
-    """The character span of `entity` (or its name before a comma) in `text`, case-insensitive."""
-    for form in (entity, entity_of(entity), entity.split(",")[0]):
-        m = re.search(re.escape(form.strip()), text, re.IGNORECASE) if form.strip() else None
-        if m:
-            return m.span()
-    return None
-
-
-def relation_between(sentence: str, head: str, tail: str) -> str:
-    """The words linking two mentions in a sentence: all of them when short, else the last three
-    before the later mention; "related to" when the sentence does not name both."""
-    a, b = _find(sentence, head), _find(sentence, tail)
-    if not a or not b or a == b:
-        return "related to"
-    lo, hi = (a[1], b[0]) if a[0] < b[0] else (b[1], a[0])
-    words = [w.strip("\"'“”()[],;:.") for w in sentence[lo:hi].split()]
-    words = [w for w in words if w]
-    if not words:
-        return "related to"
-    return " ".join(words if len(words) <= 5 else words[-3:])
-
-
-def question_relation(question: str, head: str) -> str:
-    """A sub-question as a relation phrase: "Who was the first president of X?" -> "first president"."""
-    text = question.replace("?", " ")
-    span = _find(text, head) if head else None
-    if span:
-        text = text[:span[0]] + " " + text[span[1]:]
-    text = _WH.sub("", " ".join(text.split())).strip(" ,.'\"")
-    while True:
-        shorter = _TRAILING_PREP.sub("", text)
-        if shorter == text:
-            break
-        text = shorter
-    return text or "related to"
-
-
-def tidy(text: str) -> str:
-    """One-line text without the space MuSiQue puts before punctuation ("#1 ?" -> "X?")."""
-    return re.sub(r"\s+([?.,!;:])", r"\1", " ".join(text.split()))
-
-
-def clean_part(text: str) -> str:
-    """An index item the parser reads back whole: no list or relation separators inside."""
-    return " ".join(text.replace(";", ",").replace("|", "/").replace("->", "-").split())
-
-
-def fact_with(paragraph: str, *entities: str) -> str:
-    """The paragraph's first sentence that names the first entity found, else its first sentence."""
-    sents = sentences(paragraph)
-    for e in entities:
-        for s in sents:
-            if mentions(s, e):
-                return s
-    return sents[0] if sents else ""
-
-
-def _same_entity(a: str, b: str) -> bool:
-    ka, kb = norm_key(a), norm_key(b)
-    return ka == kb or norm_key(entity_of(a)) == kb or norm_key(entity_of(b)) == ka
-
-
-def _is_yes_no(answer: str) -> bool:
-    return normalize_answer(answer) in ("yes", "no")
-
-
-# ---------------------------------------------------------------- chains per benchmark
-
-
-@chain("2wikimultihopqa")
-def twowiki_chain(q: Question, gold: GoldDocs) -> list[Hop]:
-    paras = {p["title"]: p["text"] for p in q.metadata.get("supporting_paragraphs", [])}
-    sents: dict[str, list[str]] = {}
-    for s in q.metadata.get("supporting_sentences", []):
-        sents.setdefault(s["title"], []).append(s["text"])
-    hops = [Hop(title=t, doc_ids=gold.ids(t, paras.get(t)), queries=[], facts=sents.get(t, []))
-            for t in q.metadata.get("supporting_titles", [])]
-    if not hops:
-        return []
-    for triple in q.metadata.get("evidences", []):
-        s, r, o = triple
-        owner = (next((h for h in hops if _same_entity(h.title, s)), None)
-                 or next((h for h in hops if mentions(paras.get(h.title, ""), s)
-                          and mentions(paras.get(h.title, ""), o)), None)
-                 or next((h for h in hops if mentions(paras.get(h.title, ""), o)), None) or hops[0])
-        owner.triples.append([s, r, o])
-    for h in hops:
-        h.queries = list(dict.fromkeys([f"{r} of {s}" for s, r, _ in h.triples] + [entity_of(h.title)]))
-        h.entities = [x for s, _, o in h.triples for x in (s, o)]
-    # What the question names is looked up first; the rest is reached through it.
-    return sorted(hops, key=lambda h: 0 if mentions(q.question, entity_of(h.title)) else 1)
-
-
-@chain("musique")
-def musique_chain(q: Question, gold: GoldDocs) -> list[Hop]:
-    context = q.metadata.get("context", [])
-    supporting = {p["title"]: p["text"] for p in q.metadata.get("supporting_paragraphs", [])}
-    answers: list[str] = []
-    hops = []
-    for step in q.metadata.get("decomposition", []):
-        text = _REF.sub(lambda m: _ref(answers, m), step["question"])
-        refs = [answers[int(i) - 1] for i in _REF.findall(step["question"]) if 0 < int(i) <= len(answers)]
-        title = step.get("title") or ""
-        idx = step.get("paragraph_support_idx")
-        para = (context[idx]["text"] if isinstance(idx, int) and 0 <= idx < len(context)
-                and context[idx]["title"] == title else supporting.get(title, ""))
-        answer = step["answer"]
-        if ">>" in text:  # the KB form "Hello Love >> performer"
-            head, _, rel = (x.strip() for x in text.rpartition(">>"))
-            queries = [f"{rel} of {head}"]
-        else:
-            head = refs[-1] if refs else (entity_of(title) if mentions(text, entity_of(title)) else title)
-            rel = question_relation(text, head)
-            queries = [tidy(text), f"{head} {rel}"]  # the sub-question; then its entity and relation
-        hops.append(Hop(title=title, doc_ids=gold.ids(title, para) if title else [], queries=queries,
-                        triples=[[head, rel, answer]], facts=[fact_with(para, answer, head)] if para else [],
-                        entities=[head, answer]))
-        answers.append(answer)
-    return hops
-
-
-def _ref(answers: list[str], m: re.Match) -> str:
-    i = int(m.group(1))
-    return answers[i - 1] if 0 < i <= len(answers) else m.group(0)
-
-
-@chain("hotpotqa")
-def hotpot_chain(q: Question, gold: GoldDocs) -> list[Hop]:
-    paras = {p["title"]: p["text"] for p in q.metadata.get("supporting_paragraphs", [])}
-    sents: dict[str, list[str]] = {}
-    for s in q.metadata.get("supporting_sentences", []):
-        sents.setdefault(s["title"], []).append(s["text"])
-    titles = list(q.metadata.get("supporting_titles", []))
-    # The paragraph the question names comes first; the other is reached through its entity.
-    titles.sort(key=lambda t: 0 if mentions(q.question, entity_of(t)) else 1)
-    answer = q.answers[0] if q.answers else ""
-    hops = []
-    for i, t in enumerate(titles):
-        name = entity_of(t)
-        others = [entity_of(o) for o in titles if o != t] + ([answer] if answer and not _is_yes_no(answer) else [])
-        triples = []
-        for s in sents.get(t, []):
-            for o in others:
-                if mentions(s, o) and not (mentions(o, name) or mentions(name, o)):
-                    triples.append([name, relation_between(s, name, o), o])
-        queries = ([q.question] if i == 0 else []) + [name, t]
-        hops.append(Hop(title=t, doc_ids=gold.ids(t, paras.get(t)), queries=queries,
-                        triples=triples, facts=sents.get(t, []), entities=[name] + [o for _, _, o in triples]))
-    return hops
 
 
 # ---------------------------------------------------------------- the index per format
@@ -336,13 +110,12 @@ def reasoning_for(supported: list[Hop], complete: bool, next_query: str | None) 
 
 @dataclass
 class ChainState:
-    question: Question
+    """One chain's progress: which queries it has searched with and which documents it has seen."""
+
+    question: Question  # with its gold metadata (MuSiQue's chain reads the context paragraphs)
     hops: list[Hop]
-    trace: Trace
-    query: str
     tried: set[str] = field(default_factory=set)
     seen: dict[str, ScoredPassage] = field(default_factory=dict)
-    done: bool = False
 
     def supported(self) -> list[Hop]:
         return [h for h in self.hops if any(d in self.seen for d in h.doc_ids)]
@@ -358,77 +131,113 @@ class ChainState:
         return pending[0].queries[0] if pending and pending[0].queries else self.question.question
 
 
+class GoldOracle:
+    """The LLM a silver trajectory replays through KairLoop: at each step it writes the output the
+    chain implies for the documents the loop actually retrieved (by id, from the question's state),
+    at the answer the gold answer. No tokens: nothing was generated. Its first error is kept and
+    raised after the run (the loop would only record it on the trace)."""
+
+    name = SOURCE
+
+    def __init__(self, format_name: str):
+        self.fmt = get_format(format_name)
+        self.builder = INDEX_BUILDERS[self.fmt.name]
+        self.chains: dict[int, ChainState] = {}  # by id(trace): questions may share an id or a text
+        self.error: Exception | None = None
+
+    def follow(self, state: QuestionState, chain_state: ChainState) -> None:
+        self.chains[id(state.trace)] = chain_state
+
+    def generate_for(self, kind: str, states: list[QuestionState], prompts: list[list[Message]],
+                     sampling: SamplingParams) -> list[Completion]:
+        try:
+            return [Completion(self._step(s) if kind == STEP else self._answer(s), 0, 0) for s in states]
+        except Exception as e:
+            self.error = self.error or e
+            raise
+
+    def _step(self, state: QuestionState) -> str:
+        c, docs, steps = self.chains[id(state.trace)], state.retrieved, state.trace.steps
+        c.tried.add(norm_key(state.query))
+        for p in docs:
+            c.seen.setdefault(p.id, p)
+        supported = c.supported()
+        complete = len(supported) == len(c.hops)
+        # Always a merge with the step before, whatever loop.index_update says: the loop's parser
+        # then applies index_update to this output as it would to a model's.
+        prev = steps[-1].index if steps else Index(format=self.fmt.name)
+        index = self.fmt.merge(prev, self.builder(anchors(supported, docs, c.hops, c.question.question)))
+        next_query = None if complete else c.next_query()
+        return render_step_output(index, reasoning_for(supported, complete, next_query),
+                                  "sufficient" if complete else "insufficient", next_query)
+
+    def _answer(self, state: QuestionState) -> str:
+        q = self.chains[id(state.trace)].question
+        return q.answers[0] if q.answers else ""
+
+
 def run_silver(questions: list[Question], retriever: Retriever, runtime: RuntimeConfig,
                corpus: str | Path) -> list[Trace]:
-    """Silver trajectories for `questions` (with their gold metadata), one batched retrieval
-    call per step over every chain still running."""
-    loop = runtime.loop
-    prompts = PromptSet.for_loop(loop)
-    fmt = get_format(prompts.format)
-    builder = INDEX_BUILDERS[fmt.name]
+    """Silver trajectories for `questions` (with their gold metadata): the gold chains replayed
+    through KairLoop with GoldOracle, one batched retrieval call per round over every chain still
+    running. A question with no chain gets an error trace, outside the loop."""
+    prompts = PromptSet.for_loop(runtime.loop)
     gold = GoldDocs(corpus)
-    states = []
+    chains = []
     for q in questions:
         if q.dataset not in CHAINS:
             raise ConfigError(f"silver has no chain builder for dataset {q.dataset!r} (question {q.id}); "
                               f"supported: {sorted(CHAINS)}")
-        hops = CHAINS[q.dataset](q, gold)
-        trace = Trace(question=without_context(q), method="kair", index_format=fmt.name,
-                      extra={"teacher": SOURCE, "sample_id": 0, "prompt_version": prompts.version,
-                             "retriever": getattr(retriever, "name", ""), "hops": len(hops),
-                             "unmapped_hops": sum(not h.doc_ids for h in hops)})
-        states.append(ChainState(q, hops, trace, query=q.question, done=not hops))
-        if not hops:
-            trace.extra["note"] = "no gold annotations to build a chain from"
-    active = [s for s in states if not s.done]
-    while active:
-        retrieved = retriever.search([s.query for s in active], loop.top_k)
-        for s, docs in zip(active, retrieved):
-            _silver_step(s, docs, prompts, builder)
-            if s.trace.steps[-1].judgment == "sufficient":
-                s.done, s.trace.stop_reason = True, "sufficient"
-            elif len(s.trace.steps) >= loop.max_steps:
-                s.done, s.trace.stop_reason = True, "max_steps"
-        active = [s for s in active if not s.done]
-    for s in states:
-        _finish(s, prompts, loop.answer_mode)
-    return [s.trace for s in states]
+        chains.append(ChainState(q, CHAINS[q.dataset](q, gold)))
+    oracle = GoldOracle(prompts.format)
+    todo = [c for c in chains if c.hops]
+    following = iter(todo)
+
+    def begin(state: QuestionState) -> None:  # called per question, in input order
+        c = next(following)
+        state.trace.extra = silver_extra(c, prompts, retriever)
+        oracle.follow(state, c)
+
+    replayed: list[Trace] = []
+    if todo:
+        # Every chain in one round, as dense retrieval encodes a round's queries together; the
+        # oracle bans no n-grams (it generates nothing), so no_repeat_ngram is off for it.
+        cfg = dataclasses.replace(runtime.loop, round_size=len(todo), no_repeat_ngram=0)
+        replayed = KairLoop(oracle, retriever, cfg, prompts).run([without_context(c.question) for c in todo],
+                                                                 on_start=begin)
+    if oracle.error is not None:
+        raise oracle.error
+    failed = [t for t in replayed if t.error is not None]
+    if failed:
+        raise RuntimeError(f"silver replay of question {failed[0].question.id} failed: {failed[0].error}")
+    by_chain = dict(zip(map(id, todo), replayed))
+    traces = []
+    for c in chains:
+        tr = by_chain[id(c)] if c.hops else no_chain_trace(c, prompts, retriever)
+        tr.extra["complete"] = bool(c.hops) and len(c.supported()) == len(c.hops)
+        tr.extra["supported_hops"] = len(c.supported())
+        tr.wall_time_s = 0.0  # a replay, not a run: nothing was timed
+        for step in tr.steps:
+            step.wall_time_s = 0.0
+        traces.append(tr)
+    return traces
 
 
-def _silver_step(s: ChainState, docs: list[ScoredPassage], prompts: PromptSet, builder: IndexBuilder) -> None:
-    tr, q0 = s.trace, s.question.question
-    s.tried.add(norm_key(s.query))
-    for p in docs:
-        s.seen.setdefault(p.id, p)
-    supported = s.supported()
-    complete = len(supported) == len(s.hops)
-    fmt = get_format(prompts.format)
-    prev = tr.steps[-1].index if tr.steps else Index(format=fmt.name)
-    index = fmt.merge(prev, builder(anchors(supported, docs, s.hops, q0)))
-    next_query = None if complete else s.next_query()
-    raw = render_step_output(index, reasoning_for(supported, complete, next_query),
-                             "sufficient" if complete else "insufficient", next_query)
-    prompt = prompts.init(q0, docs) if not tr.steps else prompts.update(q0, docs, prev, tr.steps[-1].reasoning, s.query)
-    # What the loop would record for this output: the parser's reading of it.
-    parsed = parse_step_output(raw, fmt.name, prev, q0, prompts.index_update)
-    fallbacks = list(parsed.fallbacks) + ([FALLBACK_RETRIEVAL_EMPTY] if not docs else [])
-    tr.steps.append(Step(step=len(tr.steps) + 1, query=s.query, retrieved=list(docs), prompt=prompt, raw_output=raw,
-                         index=parsed.index, reasoning=parsed.reasoning, judgment=parsed.judgment,
-                         next_query=parsed.next_query, fallbacks=fallbacks))
-    if parsed.judgment == "insufficient":
-        s.query = parsed.next_query or q0
+def silver_extra(c: ChainState, prompts: PromptSet, retriever: Retriever) -> dict:
+    """What a silver trajectory records about its source (run_silver adds complete/supported_hops)."""
+    extra = {"teacher": SOURCE, "sample_id": 0, "prompt_version": prompts.version,
+             "retriever": getattr(retriever, "name", ""), "hops": len(c.hops),
+             "unmapped_hops": sum(not h.doc_ids for h in c.hops)}
+    if not c.hops:
+        extra["note"] = "no gold annotations to build a chain from"
+    return extra
 
 
-def _finish(s: ChainState, prompts: PromptSet, answer_mode: str) -> None:
-    tr = s.trace
-    tr.extra["complete"] = bool(s.hops) and len(s.supported()) == len(s.hops)
-    tr.extra["supported_hops"] = len(s.supported())
-    if not tr.steps:
-        tr.stop_reason, tr.error = "error", tr.extra.get("note", "no steps")
-        return
-    answer = s.question.answers[0] if s.question.answers else ""
-    tr.final_prompt = prompts.answer(s.question.question, tr.all_passages(), tr.final_index, answer_mode)
-    tr.final_output, tr.answer = answer, extract_answer(answer)
+def no_chain_trace(c: ChainState, prompts: PromptSet, retriever: Retriever) -> Trace:
+    """A question whose annotations give no hop: an error trace with no steps (filter drops it)."""
+    extra = silver_extra(c, prompts, retriever)
+    return Trace(question=without_context(c.question), method="kair", index_format=prompts.format,
+                 stop_reason="error", error=extra["note"], extra=extra)
 
 
 def silver(cfg: SilverConfig, retriever: Retriever | None = None) -> tuple[Path, list[Trace]]:

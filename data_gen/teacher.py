@@ -26,14 +26,14 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from data_gen.store import (DataSpec, claim_dir, closed_corpus, load_questions, shard_path, trajectory_key,
                             without_context)
 from kair_runtime.config import ConfigError, RuntimeConfig, to_dict
 from kair_runtime.jsonl import JsonlWriter, recover, replace_records
 from kair_runtime.llm.base import LLM
-from kair_runtime.loop import KairLoop, QuestionState
+from kair_runtime.loop import KairLoop
 from kair_runtime.records import Question, Trace
 from kair_runtime.retrieval.base import Retriever
 
@@ -170,17 +170,17 @@ def _generate_waves(cfg: GenerateConfig, llm: LLM, retriever: Retriever, questio
     bar = tqdm(total=total, initial=len(done) - len(retry), desc=f"teacher shard {cfg.shard}/{cfg.num_shards}",
                unit="traj", disable=not progress, dynamic_ncols=True)
     with JsonlWriter(path) as out:
-        for sample, loop, todo in _waves(cfg, llm, retriever, questions, samples, lambda k: k not in done):
-            for trace in run_wave(loop, todo, sample_extra(cfg, sample)):
+        for wave in _waves(cfg, llm, retriever, questions, samples, lambda k: k not in done):
+            for trace in wave:
                 out.write([trace.to_dict()])  # one complete, fsynced line per finished trajectory
                 result.written += 1
                 result.failed += trace.error is not None
                 bar.update(1)
     # With the appending writer closed: a rewrite renames a new file over the old one.
     flush_every = cfg.runtime.loop.round_size
-    for sample, loop, todo in _waves(cfg, llm, retriever, questions, samples, lambda k: k in retry):
+    for wave in _waves(cfg, llm, retriever, questions, samples, lambda k: k in retry):
         pending: dict[str, dict] = {}
-        for trace in run_wave(loop, todo, sample_extra(cfg, sample)):
+        for trace in wave:
             pending[trajectory_key(trace)] = trace.to_dict()
             result.written += 1
             result.retried += 1
@@ -195,13 +195,17 @@ def _generate_waves(cfg: GenerateConfig, llm: LLM, retriever: Retriever, questio
 
 
 def _waves(cfg: GenerateConfig, llm: LLM, retriever: Retriever, questions: list[Question], samples: list[Sample],
-           wanted: Callable[[str], bool]):
-    """(sample, its loop, its questions whose key is wanted) for every sample with some."""
+           wanted: Callable[[str], bool]) -> Iterator[Iterator[Trace]]:
+    """For every sample with questions whose key is wanted: their traces as they are answered
+    (KairLoop.iter_run, so a kill loses only the questions in flight), each with the sample's
+    extra after the loop's own keys. One loop per sample: its seed and temperature are one
+    SamplingParams, and the hf backend seeds a whole batched generate."""
     for sample in samples:
         todo = [q for q in questions if wanted(f"{q.id}#{sample.sample_id}")]
         if todo:
             loop_cfg = dataclasses.replace(cfg.runtime.loop, temperature=sample.temperature, seed=sample.seed)
-            yield sample, KairLoop(llm, retriever, loop_cfg), todo
+            extra = sample_extra(cfg, sample)
+            yield KairLoop(llm, retriever, loop_cfg).iter_run(todo, on_start=lambda s, e=extra: s.trace.extra.update(e))
 
 
 def existing_trajectories(path: Path, questions: list[Question], samples: list[Sample]) -> dict[str, bool]:
@@ -235,22 +239,3 @@ def sample_extra(cfg: GenerateConfig, sample: Sample) -> dict:
         "shard": cfg.shard,
         "num_shards": cfg.num_shards,
     }
-
-
-def run_wave(loop: KairLoop, questions: list[Question], extra: dict):
-    """Yield traces as their questions are answered, with `extra` recorded on each: the loop's
-    own rounds (start/advance, at most `round_size` questions in flight), so a kill loses only
-    the questions in flight."""
-    queue = [loop.start(q) for q in questions]
-    for s in queue:
-        s.trace.extra.update(extra)
-    active: list[QuestionState] = []
-    size = max(1, loop.cfg.round_size)
-    while queue or active:
-        while queue and len(active) < size:
-            active.append(queue.pop(0))
-        loop.advance(active)
-        for s in active:
-            if s.answered:
-                yield s.trace
-        active = [s for s in active if not s.answered]

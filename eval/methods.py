@@ -28,7 +28,8 @@ from typing import Callable, Protocol
 from kair_runtime.config import LoopConfig
 from kair_runtime.index import empty_index
 from kair_runtime.llm.base import LLM, Completion, SamplingParams, check_no_repeat_ngram
-from kair_runtime.loop import FinalDocsFn, KairLoop, ProgressFn, extract_answer, generate_isolated
+from kair_runtime.loop import (FinalDocsFn, KairLoop, ProgressFn, extract_answer, final_docs_for, generate_isolated,
+                               record_failure)
 from kair_runtime.parser import parse_step_output
 from kair_runtime.prompts import PromptSet
 from kair_runtime.records import Message, Question, ScoredPassage, Step, Trace
@@ -116,7 +117,12 @@ def _no_index(llm, retriever, settings, final_docs):
 class NoEvolving:
     """The no-index loop, then one index over all retrieved documents (the init prompt of the
     configured format), then the answer from documents + that index. The index-building call is
-    kept in `trace.extra["index_build"]` and its tokens count in the final call's tokens."""
+    kept in `trace.extra["index_build"]` and its tokens count in the final call's tokens.
+
+    The loop's pieces, not a copy of them: the searching is KairLoop, the build call uses the
+    loop's step sampling and the format's init prompt and parser, failures and answer documents go
+    through record_failure/final_docs_for. The build and answer calls are each one batch over all
+    questions after the loop (vLLM's greedy output can depend on what shares a batch)."""
 
     name = "no-evolving"
 
@@ -143,9 +149,8 @@ class NoEvolving:
             t.extra["index_build"] = {"prompt": prompt, "raw_output": c.text, "index": dataclasses.asdict(parsed.index),
                                       "fallbacks": parsed.fallbacks, "prompt_tokens": c.prompt_tokens,
                                       "completion_tokens": c.completion_tokens}
-            docs = t.all_passages()
-            docs = self.final_docs(t.question, docs) if self.final_docs else docs
-            answer_prompts.append(self.prompts.answer(t.question.question, docs, parsed.index))
+            answer_prompts.append(self.prompts.answer(t.question.question, final_docs_for(t, self.final_docs),
+                                                      parsed.index))
             answering.append((t, c))
         answers = generate_isolated(self.llm, answer_prompts, self.answer_sampling)
         for (t, build), prompt, c in zip(answering, answer_prompts, answers):
@@ -163,7 +168,7 @@ class NoEvolving:
 
 def _failed(trace: Trace, c: Completion | Exception) -> bool:
     if isinstance(c, Exception):
-        trace.error, trace.stop_reason = f"{type(c).__name__}: {c}", "error"
+        record_failure(trace, c)
         return True
     return False
 

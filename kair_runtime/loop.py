@@ -9,7 +9,12 @@
 batched retrieval call and one batched LLM call per round, so a vLLM engine or a padded HF
 generate sees many sequences at once. Questions that stop searching leave the batch and are
 answered together in one more batched call in the same round. `start()`/`advance()` expose the
-rounds so a server can add requests to the batch between rounds.
+rounds so a server can add requests to the batch between rounds; `iter_run()` yields each trace
+the moment it is answered (a teacher appends it to its file then).
+
+An LLM that needs to know which question a call is for (silver's gold oracle, which writes the
+step the annotations imply for the documents actually retrieved) implements `generate_for`: the
+loop then hands it the questions' states and whether the call is a step or the answer.
 
 Nothing here raises for a single bad question: a backend error on one question is isolated
 (the batch is retried one prompt at a time), recorded in `Trace.error`, and the question still
@@ -21,7 +26,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator, Protocol
 
 from kair_runtime.config import LoopConfig
 from kair_runtime.index import empty_index
@@ -34,6 +39,9 @@ from kair_runtime.retrieval.base import Retriever
 ProgressFn = Callable[[int], None]  # called with the number of questions just answered
 EventFn = Callable[[str, Trace, Step | None], None]  # ("step" | "answer", trace, step)
 FinalDocsFn = Callable[[Question, list[ScoredPassage]], list[ScoredPassage]]
+StartFn = Callable[["QuestionState"], None]  # called on every state right after start()
+
+STEP, ANSWER = "step", "answer"  # the two kinds of LLM call a round makes
 
 
 @dataclass
@@ -46,10 +54,22 @@ class QuestionState:
     started: float = field(default_factory=time.perf_counter)
     done: bool = False  # no more steps (sufficient, max_steps or error)
     answered: bool = False
+    retrieved: list[ScoredPassage] = field(default_factory=list)  # this step's documents, set before generating
+
+
+class StateAwareLLM(Protocol):
+    """An LLM that answers for known questions: `generate_for(kind, states, prompts, sampling)`,
+    kind STEP or ANSWER, one completion per state/prompt, in order. The loop prefers it to
+    `generate` when an LLM has it."""
+
+    name: str
+
+    def generate_for(self, kind: str, states: list[QuestionState], prompts: list[list[Message]],
+                     sampling: SamplingParams) -> list[Completion]: ...
 
 
 class KairLoop:
-    def __init__(self, llm: LLM, retriever: Retriever, config: LoopConfig | None = None,
+    def __init__(self, llm: LLM | StateAwareLLM, retriever: Retriever, config: LoopConfig | None = None,
                  prompts: PromptSet | None = None, final_docs: FinalDocsFn | None = None):
         self.llm = llm
         self.retriever = retriever
@@ -67,11 +87,36 @@ class KairLoop:
 
     # ------------------------------------------------------------ public
 
-    def run(self, questions: list[Question], progress: ProgressFn | None = None) -> list[Trace]:
-        """Run every question to its answer; traces come back in input order. At most
+    def run(self, questions: list[Question], progress: ProgressFn | None = None,
+            on_start: StartFn | None = None) -> list[Trace]:
+        """Run every question to its answer; traces come back in input order. `on_start` sees
+        every state, in input order, before the first round."""
+        states = self._start_all(questions, on_start)
+        for finished in self._rounds(states):
+            if progress:
+                progress(len(finished))
+        return [s.trace for s in states]
+
+    def iter_run(self, questions: list[Question], on_start: StartFn | None = None) -> Iterator[Trace]:
+        """The rounds of `run`, yielding each trace the moment its question is answered (within a
+        round, in input order)."""
+        for finished in self._rounds(self._start_all(questions, on_start)):
+            yield from (s.trace for s in finished)
+
+    def run_one(self, question: Question) -> Trace:
+        return self.run([question])[0]
+
+    def _start_all(self, questions: list[Question], on_start: StartFn | None) -> list[QuestionState]:
+        states = [self.start(q) for q in questions]
+        if on_start:
+            for s in states:
+                on_start(s)
+        return states
+
+    def _rounds(self, states: list[QuestionState]) -> Iterator[list[QuestionState]]:
+        """Advance the states round by round, yielding the ones answered in each round. At most
         `round_size` questions are in flight at once; a finished one makes room for the next."""
-        pending = [self.start(q) for q in questions]
-        queue, active = list(pending), []
+        queue, active = list(states), []
         size = max(1, self.cfg.round_size)
         while queue or active:
             while queue and len(active) < size:
@@ -79,12 +124,8 @@ class KairLoop:
             self.advance(active)
             finished = [s for s in active if s.answered]
             active = [s for s in active if not s.answered]
-            if progress and finished:
-                progress(len(finished))
-        return [s.trace for s in pending]
-
-    def run_one(self, question: Question) -> Trace:
-        return self.run([question])[0]
+            if finished:
+                yield finished
 
     def start(self, question: Question, on_event: EventFn | None = None) -> QuestionState:
         trace = Trace(question=question, method="kair", index_format=self.prompts.format,
@@ -107,8 +148,10 @@ class KairLoop:
     def _step_round(self, active: list[QuestionState]) -> None:
         t0 = time.perf_counter()
         retrieved = self.retriever.search([s.query for s in active], self.cfg.top_k)
+        for s, docs in zip(active, retrieved):
+            s.retrieved = list(docs)
         prompts = [self._step_prompt(s, docs) for s, docs in zip(active, retrieved)]
-        completions = self._generate(active, prompts, self.step_sampling)
+        completions = self._generate(STEP, active, prompts, self.step_sampling)
         # The round's wall time is shared by the batch: each step records its share.
         per_q = (time.perf_counter() - t0) / len(active)
         for s, docs, prompt, c in zip(active, retrieved, prompts, completions):
@@ -146,9 +189,9 @@ class KairLoop:
 
     def _answer_round(self, states: list[QuestionState]) -> None:
         todo = [s for s in states if s.trace.error is None]
-        prompts = [self.prompts.answer(s.trace.question.question, self._final_docs(s.trace),
+        prompts = [self.prompts.answer(s.trace.question.question, final_docs_for(s.trace, self.final_docs),
                                        s.trace.final_index, self.cfg.answer_mode) for s in todo]
-        completions = self._generate(todo, prompts, self.answer_sampling)
+        completions = self._generate(ANSWER, todo, prompts, self.answer_sampling)
         for s, prompt, c in zip(todo, prompts, completions):
             if c is not None:
                 tr = s.trace
@@ -161,39 +204,59 @@ class KairLoop:
             if s.on_event:
                 s.on_event("answer", s.trace, None)
 
-    def _final_docs(self, trace: Trace) -> list[ScoredPassage]:
-        docs = trace.all_passages()
-        return self.final_docs(trace.question, docs) if self.final_docs else docs
-
-    def _generate(self, states: list[QuestionState], prompts: list[list[Message]],
+    def _generate(self, kind: str, states: list[QuestionState], prompts: list[list[Message]],
                   sampling: SamplingParams) -> list[Completion | None]:
+        hook = getattr(self.llm, "generate_for", None)
+        if hook is not None:
+            def call(idx: list[int]) -> list[Completion]:
+                return hook(kind, [states[i] for i in idx], [prompts[i] for i in idx], sampling)
+        else:
+            def call(idx: list[int]) -> list[Completion]:
+                return self.llm.generate([prompts[i] for i in idx], sampling)
         out: list[Completion | None] = []
-        for s, c in zip(states, generate_isolated(self.llm, prompts, sampling)):
+        for s, c in zip(states, _isolated(call, len(prompts))):
             if isinstance(c, Exception):
-                s.done, s.trace.stop_reason = True, "error"
-                s.trace.error = f"{type(c).__name__}: {c}"
+                s.done = True
+                record_failure(s.trace, c)
                 c = None
             out.append(c)
         return out
+
+
+def final_docs_for(trace: Trace, final_docs: FinalDocsFn | None) -> list[ScoredPassage]:
+    """The documents an answer prompt shows: every retrieved one (Eq. 2), in the order
+    `final_docs` gives them when set."""
+    docs = trace.all_passages()
+    return final_docs(trace.question, docs) if final_docs else docs
+
+
+def record_failure(trace: Trace, exc: Exception) -> None:
+    """A backend error on this question: recorded, and the question stops there."""
+    trace.error, trace.stop_reason = f"{type(exc).__name__}: {exc}", "error"
 
 
 def generate_isolated(llm: LLM, prompts: list[list[Message]], sampling: SamplingParams) -> list[Completion | Exception]:
     """One batched call; if the backend fails, retry one prompt at a time so one bad prompt (an
     over-long one, say) does not take the others down with it. Failures come back as exceptions,
     in place, for the caller to record."""
-    if not prompts:
+    return _isolated(lambda idx: llm.generate([prompts[i] for i in idx], sampling), len(prompts))
+
+
+def _isolated(call: Callable[[list[int]], list[Completion]], n: int) -> list[Completion | Exception]:
+    """generate_isolated over any batched call of the items at these positions."""
+    if not n:
         return []
-    if len(prompts) > 1:
+    if n > 1:
         try:
-            out = llm.generate(prompts, sampling)
-            if len(out) == len(prompts):
+            out = call(list(range(n)))
+            if len(out) == n:
                 return list(out)
         except Exception:
             pass  # isolated below, where each failure is returned in its own slot
     results: list[Completion | Exception] = []
-    for p in prompts:
+    for i in range(n):
         try:
-            one = llm.generate([p], sampling)
+            one = call([i])
             if len(one) != 1:
                 raise RuntimeError(f"backend returned {len(one)} completions for 1 prompt")
             results.append(one[0])

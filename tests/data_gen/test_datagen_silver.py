@@ -9,14 +9,16 @@ import pytest
 
 from data_gen.filter import FilterConfig, run_filter
 from data_gen.quality import summarize_quality
+from data_gen.chains import GoldDocs, musique_chain
 from data_gen.sft import SFTDataConfig, build_sft, check_recorded
-from data_gen.silver import GoldDocs, SilverConfig, musique_chain, silver, silver_counts
+from data_gen.silver import SilverConfig, run_silver, silver, silver_counts
 from data_gen.store import DataSpec, closed_corpus, load_questions, read_trajectories
 from eval.metrics import normalize_answer
 from kair_runtime.config import LoopConfig, RetrieverConfig, RuntimeConfig
 from kair_runtime.index import norm_key
 from kair_runtime.llm.scripted import ScriptedLLM
-from kair_runtime.loop import KairLoop, extract_answer
+from kair_runtime.llm.base import Completion
+from kair_runtime.loop import STEP, KairLoop, extract_answer
 from kair_runtime.prompts import PromptSet
 
 N = 15
@@ -91,6 +93,36 @@ def test_the_loop_replaying_silver_outputs_reproduces_every_step(kr, setup):
         assert (r.final_prompt, r.answer, r.stop_reason) == (t.final_prompt, t.answer, t.stop_reason)
 
 
+class Replay:
+    """A state-aware LLM that answers each question, by id, with its recorded outputs in order."""
+
+    name = "replay"
+
+    def __init__(self, traces):
+        self.outputs = {t.question.id: [s.raw_output for s in t.steps] + [t.final_output] for t in traces}
+
+    def generate_for(self, kind, states, prompts, sampling):
+        return [Completion(self.outputs[s.trace.question.id][len(s.trace.steps) if kind == STEP else -1])
+                for s in states]
+
+
+@pytest.mark.parametrize("fmt", ["kr", "facts"])
+def test_a_silver_trajectory_is_the_loops_record_of_its_outputs(setup, fmt):
+    """Whole records, byte for byte: what KairLoop writes when a model gives silver's outputs is
+    silver's trajectory (extra aside: silver writes its own keys; times and tokens are 0)."""
+    cfg, traces = run(setup, fmt=fmt, name=f"replay-{fmt}")
+    _, _, retriever = setup
+    assert len({t.question.id for t in traces}) == len(traces)
+    replayed = KairLoop(Replay(traces), retriever, cfg.runtime.loop).run([t.question for t in traces])
+    assert sum(len(t.steps) for t in traces) > len(traces)  # multi-step chains were replayed
+    for t, r in zip(traces, replayed):
+        assert r.extra.pop("prompt_version") == t.extra["prompt_version"]
+        r.extra, r.wall_time_s = t.extra, 0.0
+        for s in r.steps:
+            s.wall_time_s = 0.0
+        assert r.to_json() == t.to_json()
+
+
 def test_index_holds_only_what_retrieved_documents_support(kr):
     _, traces = kr
     for t in (t for t in traces if t.question.dataset == "2wikimultihopqa"):
@@ -160,3 +192,26 @@ def test_silver_quality_and_sft(kr, tmp_path):
                                     out_dir=str(tmp_path / "sft")))
     assert stats["sources"] == {"annotations": sum(1 for t in traces if t.extra["complete"])}
     assert not stats["skipped_not_reproducible"]
+
+
+def test_a_question_without_a_chain_stays_out_of_the_loop_and_in_its_place(setup):
+    _, corpus, retriever = setup
+    qs = load_questions([DataSpec("hotpotqa", limit=2)])
+    bare = dataclasses.replace(qs[0], id="bare", metadata={})
+    traces = run_silver([qs[0], bare, qs[1]], retriever, RuntimeConfig(loop=LoopConfig(max_steps=2)), corpus)
+    assert [t.question.id for t in traces] == [qs[0].id, "bare", qs[1].id]
+    t = traces[1]
+    assert (t.steps, t.stop_reason, t.error, t.final_prompt) == ([], "error", t.extra["note"], [])
+    assert list(t.extra)[-3:] == ["note", "complete", "supported_hops"] and not t.extra["complete"]
+    assert all(t.steps and t.error is None for t in (traces[0], traces[2]))
+
+
+def test_an_oracle_failure_is_raised_not_recorded(setup, monkeypatch):
+    import data_gen.silver as silver_module
+
+    def broken(*args):
+        raise KeyError("no such hop")
+    monkeypatch.setattr(silver_module, "anchors", broken)
+    _, corpus, retriever = setup
+    with pytest.raises(KeyError, match="no such hop"):
+        run_silver(load_questions([DataSpec("hotpotqa", limit=2)]), retriever, RuntimeConfig(), corpus)

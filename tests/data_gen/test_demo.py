@@ -12,7 +12,8 @@ import pytest
 import yaml
 from rich.console import Console
 
-from data_gen.demo import DemoConfig, TrainSettings, demo_chain, load_demo_config, run_demo, with_passages
+from data_gen.chains import demo_chain, with_passages
+from data_gen.demo import DemoConfig, TrainSettings, load_demo_config, run_demo
 from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig
 from kair_runtime.demo_data import load_demo_corpus, load_demo_questions
 

@@ -8,9 +8,9 @@ import pytest
 
 from kair_runtime.config import LoopConfig
 from kair_runtime.index import INDEX_UPDATE_RULES, get_format
-from kair_runtime.llm.base import BackendError
+from kair_runtime.llm.base import BackendError, Completion
 from kair_runtime.llm.scripted import ScriptedLLM, echo_kair
-from kair_runtime.loop import KairLoop, extract_answer
+from kair_runtime.loop import ANSWER, STEP, KairLoop, extract_answer, final_docs_for, record_failure
 from kair_runtime.records import Question, Trace
 from lexical import WordOverlap
 
@@ -197,3 +197,72 @@ def test_index_update_is_one_contract_in_every_format(fmt, update):
     assert ("1996" in linear) and (("Lost!" in linear) == (update == "merge")), linear
     assert INDEX_UPDATE_RULES[update] in tr.steps[1].prompt[-1]["content"]
     assert tr.steps[1].fallbacks == []
+
+
+def test_iter_run_yields_each_trace_when_answered_and_equals_run():
+    cfg = LoopConfig(max_steps=3, top_k=2, round_size=3)
+    llm = ScriptedLLM(echo_kair)
+    started = []
+    it = KairLoop(llm, WordOverlap(), cfg).iter_run(QUESTIONS, on_start=lambda s: started.append(s.trace.question.id))
+    first = next(it)
+    # Every question was started (and seen by on_start) before the first round; the first trace
+    # came back while the later questions had not been sent to the LLM yet.
+    assert started == [q.id for q in QUESTIONS]
+    assert max(llm.calls) <= 3 and sum(llm.calls) < 3 * len(QUESTIONS)
+    order = [first] + list(it)
+    assert sorted(t.question.id for t in order) == sorted(q.id for q in QUESTIONS)
+    assert [t.question.id for t in order] != [q.id for q in QUESTIONS]  # answer order, not input order
+    ran = KairLoop(ScriptedLLM(echo_kair), WordOverlap(), cfg).run(QUESTIONS)
+    by_id = {t.question.id: without_times(t) for t in order}
+    assert [by_id[t.question.id] for t in ran] == [without_times(t) for t in ran]
+
+
+class KnowsItsQuestions:
+    """A state-aware LLM: writes echo_kair's output, and logs what the loop tells it per call."""
+
+    name = "aware"
+
+    def __init__(self):
+        self.calls = []
+
+    def generate_for(self, kind, states, prompts, sampling):
+        self.calls.append((kind, [s.trace.question.id for s in states], [len(s.trace.steps) for s in states],
+                           [[p.id for p in s.retrieved] for s in states], sampling.max_tokens))
+        return [Completion(echo_kair(p)) for p in prompts]
+
+    def generate(self, prompts, sampling):
+        raise AssertionError("the loop must call generate_for when an LLM has it")
+
+
+def test_generate_for_hook_gets_the_kind_states_and_retrieved_documents():
+    cfg = LoopConfig(max_steps=3, top_k=2, step_max_tokens=64, answer_max_tokens=64)
+    llm = KnowsItsQuestions()
+    traces = KairLoop(llm, WordOverlap(), cfg).run(QUESTIONS)
+    plain = KairLoop(ScriptedLLM(echo_kair), WordOverlap(), cfg).run(QUESTIONS)
+    for t, p in zip(traces, plain):  # the same trace as with generate(), bar the token counts
+        a, b = without_times(t), without_times(p)
+        for d in (a, b):
+            d["extra"].pop("llm")
+            d["final_prompt_tokens"] = d["final_completion_tokens"] = 0
+            for s in d["steps"]:
+                s["prompt_tokens"] = s["completion_tokens"] = 0
+        assert a == b
+    by_id = {t.question.id: t for t in traces}
+    kinds = [k for k, *_ in llm.calls]
+    assert set(kinds) == {STEP, ANSWER} and kinds[0] == STEP
+    for kind, ids, n_steps, retrieved, _ in llm.calls:
+        for qid, n, docs in zip(ids, n_steps, retrieved):
+            steps = by_id[qid].steps
+            if kind == STEP:  # called before the step is recorded, with its documents already known
+                assert docs == [p.id for p in steps[n].retrieved]
+            else:
+                assert n == len(steps)
+
+
+def test_failure_and_final_docs_helpers():
+    tr = Trace(question=QUESTIONS[0])
+    record_failure(tr, BackendError("server down"))
+    assert (tr.error, tr.stop_reason) == ("BackendError: server down", "error")
+    done = KairLoop(ScriptedLLM(echo_kair), WordOverlap(), LoopConfig(max_steps=2)).run_one(QUESTIONS[0])
+    assert final_docs_for(done, None) == done.all_passages()
+    assert final_docs_for(done, lambda q, docs: docs[::-1]) == done.all_passages()[::-1]
