@@ -17,9 +17,9 @@ reads this layout takes it from here:
 - the parser's section tags, judgment label and words, the "none" query, and the placeholders it
   drops as a copied template (parser.py): the constants below and `template_echoes`.
 
-A decoding grammar can be built from the same data: `StepLayout.tags` (the sections in order),
-`StepLayout.sections` (each index section's header line and how its items are written),
-`JUDGMENT_LABEL`, `JUDGMENTS` and `NO_QUERY`. tests/kair_runtime/test_layout.py checks that the
+A decoding grammar can be built from the same data: `StepLayout.skeleton` (the literal text
+between the slots, in order), `StepLayout.sections` (each index section's header line and how its
+items are written), `JUDGMENTS` and `NO_QUERY`. tests/kair_runtime/test_layout.py checks that the
 sections describe what `linearize` writes.
 """
 
@@ -86,6 +86,13 @@ LEGACY_ECHO_QUERIES = frozenset({"the next search query", "next search query"})
 
 
 @dataclass(frozen=True)
+class Slot:
+    """A place in the layout's skeleton that a step's own text fills."""
+
+    name: str  # INDEX_TAG, REASONING_TAG, JUDGMENT_TAG or QUERY_TAG
+
+
+@dataclass(frozen=True)
 class StepLayout:
     format: str
     sections: tuple[IndexSection, ...]
@@ -99,35 +106,38 @@ class StepLayout:
     def tags(self) -> tuple[str, ...]:
         return ((INDEX_TAG,) if self.expects_index else ()) + (REASONING_TAG, QUERY_TAG)
 
-    def write(self, index_text: str, reasoning: str, query: str) -> str:
-        """The layout filled with already-written texts (`reasoning` carries its judgment)."""
-        parts = [f"<{INDEX_TAG}>\n{index_text}\n</{INDEX_TAG}>"] if self.expects_index else []
-        parts += [f"<{REASONING_TAG}>{reasoning}</{REASONING_TAG}>", f"<{QUERY_TAG}>{query}</{QUERY_TAG}>"]
-        return "\n".join(parts)
+    @property
+    def skeleton(self) -> tuple[str | Slot, ...]:
+        """The layout as literal text and slots, in order: what `write` fills and what a grammar
+        is built from (a slot's text: the index body, the reasoning and, when there is one, the
+        space after it, one of JUDGMENTS, the query or NO_QUERY)."""
+        index = (f"<{INDEX_TAG}>\n", Slot(INDEX_TAG), f"\n</{INDEX_TAG}>\n") if self.expects_index else ()
+        return index + (f"<{REASONING_TAG}>", Slot(REASONING_TAG), f"{JUDGMENT_LABEL}: ", Slot(JUDGMENT_TAG),
+                        f"</{REASONING_TAG}>\n<{QUERY_TAG}>", Slot(QUERY_TAG), f"</{QUERY_TAG}>")
+
+    def write(self, index_text: str, reasoning: str, judgment: str, query: str) -> str:
+        """The skeleton filled with written texts; an empty reasoning leaves the judgment alone."""
+        values = {INDEX_TAG: index_text, REASONING_TAG: f"{reasoning} " if reasoning else "",
+                  JUDGMENT_TAG: judgment, QUERY_TAG: query}
+        return "".join(values[part.name] if isinstance(part, Slot) else part for part in self.skeleton)
 
     @property
     def block(self) -> str:
         """What the init and update prompts show after "Reply in exactly this layout:"."""
-        return self.write(get_format(self.format).linearize(self.example),
-                          judged(REASONING_PLACEHOLDER, JUDGMENT_PLACEHOLDER), QUERY_PLACEHOLDER)
+        return self.write(get_format(self.format).linearize(self.example), REASONING_PLACEHOLDER,
+                          JUDGMENT_PLACEHOLDER, QUERY_PLACEHOLDER)
 
     def render(self, index: Index, reasoning: str, judgment: str, next_query: str | None) -> str:
-        """One step's output in the layout: the SFT target the parser reads back unchanged."""
+        """One step's output in the layout: the SFT target the parser reads back unchanged. The
+        reasoning's whitespace is collapsed (one line), and a sufficient step's query is NO_QUERY."""
         check_judgment(judgment)
         query = next_query if judgment == "insufficient" and next_query else NO_QUERY
-        return self.write(get_format(self.format).linearize(index), judged(" ".join(reasoning.split()), judgment),
-                          query)
+        return self.write(get_format(self.format).linearize(index), " ".join(reasoning.split()), judgment, query)
 
 
 def check_judgment(judgment: str) -> None:
     if judgment not in JUDGMENTS:
         raise ValueError(f"judgment must be 'sufficient' or 'insufficient', not {judgment!r}")
-
-
-def judged(reasoning: str, judgment: str) -> str:
-    """The reasoning closed by its judgment, in the words the prompts ask for."""
-    label = f"{JUDGMENT_LABEL}: {judgment}"
-    return f"{reasoning} {label}".strip() if reasoning else label
 
 
 LAYOUTS: dict[str, StepLayout] = {name: StepLayout(name, SECTIONS[name], EXAMPLES[name]) for name in INDEX_FORMATS}

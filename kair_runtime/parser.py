@@ -34,8 +34,8 @@ from kair_runtime.layout import (
 )
 
 # The layout's tags, and the spellings models write for them: "judgement", "next query".
-_JUDGMENT_WORD = rf"{JUDGMENT_TAG}|judgement"
-_TAG_NAMES = rf"{INDEX_TAG}|{REASONING_TAG}|{_JUDGMENT_WORD}|{QUERY_TAG}|next[ _]{QUERY_TAG}"
+JUDGMENT_WORD = rf"{JUDGMENT_TAG}|judgement"
+_TAG_NAMES = rf"{INDEX_TAG}|{REASONING_TAG}|{JUDGMENT_WORD}|{QUERY_TAG}|next[ _]{QUERY_TAG}"
 _OPEN = re.compile(rf"<\s*({_TAG_NAMES})\s*>", re.IGNORECASE)
 _CLOSE = re.compile(rf"<\s*/\s*({_TAG_NAMES})\s*>", re.IGNORECASE)
 # Whitespace inside one line. The line-start patterns below must not let `\s` run across
@@ -46,7 +46,7 @@ _FENCE = re.compile(rf"^{_WS}*```[\w-]*{_WS}*$", re.MULTILINE)
 # written so that only one split of the line can match it (no `\s*[#*]*\s*`), which keeps a
 # failed match linear in the line.
 _LABEL = re.compile(
-    rf"^{_WS}*(?:[#*]+{_WS}*)?({INDEX_TAG}|{REASONING_TAG}|{_JUDGMENT_WORD}|(?:next{_WS}+)?{QUERY_TAG})"
+    rf"^{_WS}*(?:[#*]+{_WS}*)?({INDEX_TAG}|{REASONING_TAG}|{JUDGMENT_WORD}|(?:next{_WS}+)?{QUERY_TAG})"
     rf"{_WS}*(?:[*]+{_WS}*)?[:：]",
     re.IGNORECASE | re.MULTILINE,
 )
@@ -143,7 +143,7 @@ def _canonical(tag: str) -> str:
 # How much text a judgment is read from: a few sentences of a reasoning the prompts ask to keep
 # to one or two (step outputs are 256-512 tokens), so a runaway output costs no more to judge.
 _JUDGMENT_WINDOW = 4_000
-JUDGMENT_LABEL = re.compile(rf"(?:{_JUDGMENT_WORD})[*_ \t]*[:：]", re.IGNORECASE)  # "**Judgment**: x" too
+JUDGMENT_LABEL = re.compile(rf"(?:{JUDGMENT_WORD})[*_ \t]*[:：]", re.IGNORECASE)  # "**Judgment**: x" too
 # The reply layout's placeholder ("sufficient or insufficient", either order, "/" or "|" for "or"),
 # copied verbatim: the model has not judged anything.
 _EITHER = "|".join(JUDGMENTS)
