@@ -79,8 +79,9 @@ EXAMPLES: dict[str, Index] = {
     "none": Index("none"),
 }
 
-# Placeholders the parser has dropped since before the layout had one home, though no prompt ever
-# showed them: kept so a model trained on older outputs is read as before.
+# Placeholders the parser has dropped since it first looked for template echoes, though no
+# prompt's layout ever showed them: variants of a copied layout ("keyword 1, keyword 2", a lone
+# "head", "keyword: fact"). Kept, so that outputs are read as before.
 LEGACY_ECHO_ITEMS = frozenset({"keyword 1", "keyword 2", "head", "keyword: fact"})
 LEGACY_ECHO_QUERIES = frozenset({"the next search query", "next search query"})
 
