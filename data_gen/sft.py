@@ -43,7 +43,7 @@ from kair_runtime.config import ConfigError, RuntimeConfig
 from kair_runtime.index import empty_index
 from kair_runtime.jsonl import atomic_write_text
 from kair_runtime.output_format import render_step_output
-from kair_runtime.parser import parse_step_output
+from kair_runtime.parser import JUDGMENT_WORD, parse_step_output
 from kair_runtime.prompts import PromptSet
 from kair_runtime.records import Message, SFTExample, Step, Trace
 
@@ -76,7 +76,9 @@ class NotReproducible(SFTError):
 
 # ---------------------------------------------------------------- one step's target
 
-_JUDGMENT_LABEL = re.compile(r"judg(?:e)?ment[*_\s]*[:：]", re.IGNORECASE)
+# The parser's judgment label, except that `\s` also spans a newline: the renderer collapses the
+# reasoning's whitespace, so a "Judgment\n:" the parser did not read as a label would become one.
+_JUDGMENT_LABEL = re.compile(rf"(?:{JUDGMENT_WORD})[*_\s]*[:：]", re.IGNORECASE)
 
 
 def strip_judgment(reasoning: str) -> str:

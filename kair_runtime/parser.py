@@ -1,6 +1,7 @@
 """Parse one step's model output into index, reasoning, judgment and next query.
 
-The canonical layout the prompts ask for is
+The canonical layout the prompts ask for (kair_runtime/layout.py, where its tags, judgment words
+and placeholders are defined) is
 
     <index>...</index>
     <reasoning>... Judgment: sufficient|insufficient</reasoning>
@@ -27,10 +28,16 @@ from kair_runtime.records import (
     FALLBACK_TEMPLATE_ECHO,
     Index,
 )
+from kair_runtime.layout import (
+    ECHO_ITEMS, ECHO_QUERIES, ECHO_RELATIONS, INDEX_TAG, JUDGMENT_TAG, JUDGMENTS, NO_QUERY,
+    QUERY_TAG, REASONING_TAG,
+)
 
-TAGS = ("index", "reasoning", "judgment", "query")
-_OPEN = re.compile(r"<\s*(index|reasoning|judgment|judgement|query|next[ _]query)\s*>", re.IGNORECASE)
-_CLOSE = re.compile(r"<\s*/\s*(index|reasoning|judgment|judgement|query|next[ _]query)\s*>", re.IGNORECASE)
+# The layout's tags, and the spellings models write for them: "judgement", "next query".
+JUDGMENT_WORD = rf"{JUDGMENT_TAG}|judgement"
+_TAG_NAMES = rf"{INDEX_TAG}|{REASONING_TAG}|{JUDGMENT_WORD}|{QUERY_TAG}|next[ _]{QUERY_TAG}"
+_OPEN = re.compile(rf"<\s*({_TAG_NAMES})\s*>", re.IGNORECASE)
+_CLOSE = re.compile(rf"<\s*/\s*({_TAG_NAMES})\s*>", re.IGNORECASE)
 # Whitespace inside one line. The line-start patterns below must not let `\s` run across
 # newlines: with MULTILINE, `^\s*` retried at every line start of N blank lines is cubic.
 _WS = r"[^\S\n]"
@@ -39,11 +46,12 @@ _FENCE = re.compile(rf"^{_WS}*```[\w-]*{_WS}*$", re.MULTILINE)
 # written so that only one split of the line can match it (no `\s*[#*]*\s*`), which keeps a
 # failed match linear in the line.
 _LABEL = re.compile(
-    rf"^{_WS}*(?:[#*]+{_WS}*)?(index|reasoning|judg(?:e)?ment|(?:next{_WS}+)?query){_WS}*(?:[*]+{_WS}*)?[:：]",
+    rf"^{_WS}*(?:[#*]+{_WS}*)?({INDEX_TAG}|{REASONING_TAG}|{JUDGMENT_WORD}|(?:next{_WS}+)?{QUERY_TAG})"
+    rf"{_WS}*(?:[*]+{_WS}*)?[:：]",
     re.IGNORECASE | re.MULTILINE,
 )
 _NO_QUERY = re.compile(
-    r"^(none|n/?a|null|-+|no\s+(?:further\s+|more\s+|new\s+)?(?:search\s+)?quer(?:y|ies)(?:\s+(?:is\s+|are\s+)?needed)?)\.?$",
+    rf"^({NO_QUERY}|n/?a|null|-+|no\s+(?:further\s+|more\s+|new\s+)?(?:search\s+)?quer(?:y|ies)(?:\s+(?:is\s+|are\s+)?needed)?)\.?$",
     re.IGNORECASE,
 )
 # Numbering or a "Query:" label before the query text; a query that starts with a year keeps it.
@@ -81,11 +89,11 @@ def split_sections(raw: str) -> dict[str, str]:
     # in a section left open, a label of another kind ("Query:") starts that kind.
     for name, body in _split_labels(text, skip=spans).items():
         out.setdefault(name, body)
-    if "index" not in out:
+    if INDEX_TAG not in out:
         first = min([m.start() for m in opens] + [m.start() for m in _LABEL.finditer(text)] + [len(text)])
         preamble = text[:first].strip()
         if has_index_header(preamble):
-            out["index"] = preamble
+            out[INDEX_TAG] = preamble
     return out
 
 
@@ -108,7 +116,7 @@ def _split_labels(text: str, skip: list[tuple[int, int, str | None]] = ()) -> di
         end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
         tag = _ANY_TAG.search(text, m.end(), end)
         body = text[m.end(): tag.start() if tag else end]
-        if name == "judgment":
+        if name == JUDGMENT_TAG:
             body = m.group(0).split(":", 1)[0] + ":" + body  # keep the label for judgment parsing
         out.setdefault(name, body.strip())
     return out
@@ -117,9 +125,9 @@ def _split_labels(text: str, skip: list[tuple[int, int, str | None]] = ()) -> di
 def _canonical(tag: str) -> str:
     tag = tag.lower().replace(" ", "_")
     if tag.startswith("judg"):
-        return "judgment"
-    if tag.endswith("query"):
-        return "query"
+        return JUDGMENT_TAG
+    if tag.endswith(QUERY_TAG):
+        return QUERY_TAG
     return tag
 
 
@@ -135,9 +143,11 @@ def _canonical(tag: str) -> str:
 # How much text a judgment is read from: a few sentences of a reasoning the prompts ask to keep
 # to one or two (step outputs are 256-512 tokens), so a runaway output costs no more to judge.
 _JUDGMENT_WINDOW = 4_000
-_JUDGMENT_LABEL = re.compile(r"judg(?:e)?ment[*_ \t]*[:：]", re.IGNORECASE)  # "**Judgment**: x" too
-# The reply layout's placeholder, copied verbatim: the model has not judged anything.
-_JUDGMENT_ECHO = re.compile(r"[\W_]*(?:in)?sufficient\s*(?:or|/|\|)\s*(?:in)?sufficient[\W_]*")
+JUDGMENT_LABEL = re.compile(rf"(?:{JUDGMENT_WORD})[*_ \t]*[:：]", re.IGNORECASE)  # "**Judgment**: x" too
+# The reply layout's placeholder ("sufficient or insufficient", either order, "/" or "|" for "or"),
+# copied verbatim: the model has not judged anything.
+_EITHER = "|".join(JUDGMENTS)
+_JUDGMENT_ECHO = re.compile(rf"[\W_]*(?:{_EITHER})\s*(?:or|/|\|)\s*(?:{_EITHER})[\W_]*")
 # Asides that would otherwise cut a negation off from its word ("do not, however, give enough").
 _ASIDE = re.compile(r",\s*(?:however|though|therefore|unfortunately|in fact|so far|currently|also)\s*,")
 _SENTENCE = re.compile(r"[^.!?;\n]+[.!?;\n]*")
@@ -179,7 +189,7 @@ def parse_judgment(text: str, statement: bool = False) -> str | None:
     `statement` says the whole text is the judgment (a <judgment> section), so terse answers
     ("Yes.", "No, the year is missing") and "missing"/"cannot answer" count there too."""
     last = None
-    for last in _JUDGMENT_LABEL.finditer(text):
+    for last in JUDGMENT_LABEL.finditer(text):
         pass
     if last is None:
         # Asked for at the end of the reasoning: its last sentences decide.
@@ -236,24 +246,19 @@ def _negated_just_before(clause: str, at: int) -> bool:
     return any(_NEGATION.fullmatch(w.strip("*_\"'`")) or w.endswith("n't") for w in before)
 
 
-# The reply layout in the prompts uses these words as placeholders. A small model that copies
-# the layout verbatim has not written an index: the items are dropped (and the echo recorded),
-# so format validity is not inflated by parroting.
-_PLACEHOLDER_ITEMS = frozenset({"keyword", "keyword 1", "keyword 2", "fact", "head", "a few sentences",
-                                "keyword: fact", "head -> relation -> tail"})
-_PLACEHOLDER_QUERIES = frozenset({"the next search query, or none", "the next search query", "next search query"})
-
-
+# A small model that copies the reply layout verbatim has not written an index: the layout's
+# placeholder items (layout.ECHO_ITEMS, ECHO_RELATIONS) are dropped and the echo recorded, so
+# format validity is not inflated by parroting.
 def drop_placeholders(index: Index) -> tuple[Index, bool]:
     """The index without items copied from the prompt's reply template; True if any were."""
-    keep = lambda x: norm_key(x) not in _PLACEHOLDER_ITEMS
+    keep = lambda x: norm_key(x) not in ECHO_ITEMS
     cleaned = Index(
         format=index.format,
         keywords=[k for k in index.keywords if keep(k)],
-        relations=[r for r in index.relations if [norm_key(x) for x in r] != ["head", "relation", "tail"]],
+        relations=[r for r in index.relations if tuple(norm_key(x) for x in r) not in ECHO_RELATIONS],
         facts=[f for f in index.facts if keep(f)],
         keyword_facts=[[k, [f for f in fs if keep(f)]] for k, fs in index.keyword_facts if keep(k)],
-        summary="" if norm_key(index.summary) in _PLACEHOLDER_ITEMS else index.summary,
+        summary="" if norm_key(index.summary) in ECHO_ITEMS else index.summary,
     )
     return cleaned, cleaned != index
 
@@ -263,7 +268,7 @@ def clean_query(text: str) -> str:
         line = _QUERY_PREFIX.sub("", line, count=1)
         line = line.strip().strip("\"'`“”*").strip()
         if line:
-            return "" if _NO_QUERY.match(line) or norm_key(line) in _PLACEHOLDER_QUERIES else line
+            return "" if _NO_QUERY.match(line) or norm_key(line) in ECHO_QUERIES else line
     return ""
 
 
@@ -312,7 +317,7 @@ def _parse(raw: str, fmt: IndexFormat, previous: Index, question: str, index_upd
     sections = split_sections(raw)
     fallbacks: list[str] = []
 
-    body = sections.get("index")
+    body = sections.get(INDEX_TAG)
     parsed = fmt.parse(body) if body is not None else None
     if parsed is not None:
         parsed, echoed = drop_placeholders(parsed)
@@ -326,20 +331,20 @@ def _parse(raw: str, fmt: IndexFormat, previous: Index, question: str, index_upd
     else:
         index = apply_index_update(fmt.name, previous, parsed, index_update)
 
-    reasoning = sections.get("reasoning", "")
-    judgment_src = sections.get("judgment")
+    reasoning = sections.get(REASONING_TAG, "")
+    judgment_src = sections.get(JUDGMENT_TAG)
     judgment = parse_judgment(judgment_src, statement=True) if judgment_src is not None else None
     if judgment is None and reasoning:
         judgment = parse_judgment(reasoning)
     if judgment is None:
         # Undecided is never "sufficient": the loop searches on, and the step counts as a repair.
         judgment = "insufficient"
-        written = judgment_src is not None or _JUDGMENT_LABEL.search(reasoning)
+        written = judgment_src is not None or JUDGMENT_LABEL.search(reasoning)
         fallbacks.append(FALLBACK_JUDGMENT_UNCLEAR if written else FALLBACK_JUDGMENT_MISSING)
 
     next_query: str | None = None
     if judgment == "insufficient":
-        next_query = clean_query(sections.get("query", ""))
+        next_query = clean_query(sections.get(QUERY_TAG, ""))
         if not next_query:
             next_query = fallback_query(question, index)
             fallbacks.append(FALLBACK_QUERY_MISSING)

@@ -5,7 +5,10 @@ format, and `answer.txt`, `answer_docs.txt`, `answer_index.txt` for the final an
 override them with its own `<format>/answer*.txt`). Placeholders are `$question`, `$documents`,
 `$index`, `$reasoning`, `$query`, and in update prompts `$index_rule`: the sentence of
 kair_runtime/index.py that says what the loop does with the index the model writes
-(loop.index_update). A user can point `prompt_dir` at a copy to change them.
+(loop.index_update). `$layout` is the format's reply layout (kair_runtime/layout.py), filled in
+when the templates are loaded, so a template's text, and the prompt version hashed from it, are
+the same as if the block were written out. A user can point `prompt_dir` at a copy to change them
+(a copy with the block written out works as well).
 
 Rendering is a pure function of the trace's contents, so data_gen can rebuild every prompt from
 a trace byte for byte (that is how SFT examples match inference).
@@ -14,6 +17,7 @@ a trace byte for byte (that is how SFT examples match inference).
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -21,6 +25,7 @@ from string import Template
 
 from kair_runtime.config import LoopConfig
 from kair_runtime.index import INDEX_UPDATE_RULES, get_format
+from kair_runtime.layout import step_layout
 from kair_runtime.records import Index, Message, ScoredPassage
 
 ROLES = ("init", "update", "answer", "answer_docs", "answer_index")
@@ -28,6 +33,17 @@ ROLES = ("init", "update", "answer", "answer_docs", "answer_index")
 
 def default_prompt_dir() -> Path:
     return Path(str(resources.files("kair_runtime") / "prompts"))
+
+
+def fill_layout(template: str, format_name: str) -> str:
+    """The template with `$layout` (or `${layout}`) replaced by the format's reply layout; every
+    other placeholder, and an escaped `$$`, is left for rendering."""
+    block = step_layout(format_name).block
+
+    def fill(m: re.Match) -> str:
+        return block if (m.group("named") or m.group("braced")) == "layout" else m.group(0)
+
+    return Template.pattern.sub(fill, template)
 
 
 @dataclass(frozen=True)
@@ -59,7 +75,7 @@ class PromptSet:
             path = own if own.exists() else shared
             if not path.exists():
                 raise FileNotFoundError(f"prompt template for {fmt}/{role} not found: looked for {own} and {shared}")
-            templates[role] = path.read_text(encoding="utf-8")
+            templates[role] = fill_layout(path.read_text(encoding="utf-8"), fmt)
         return cls(format=fmt, templates=templates, system=system, max_passage_words=max_passage_words,
                    index_update=index_update)
 
