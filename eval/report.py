@@ -108,13 +108,27 @@ RUN_COLUMNS = [Column("model", itemgetter("model")), Column("method", itemgetter
                Column("dataset", itemgetter("dataset"))]
 
 
-def _figure(key: str, spec: str) -> Callable[[dict[str, Any]], str]:
+def summary_cell(key: str, spec: str = "") -> Callable[[dict[str, Any]], str]:
+    """The formatter of a run row's summary figure `key`, with format spec `spec`."""
     return lambda r: format(r["summary"][key], spec)
 
 
 def validity_cell(r: dict[str, Any]) -> str:
     fv = r["summary"]["format_validity"]
     return "-" if fv is None else f"{fv:.1f}"  # None: no step to judge
+
+
+def _tokens_cell(r: dict[str, Any]) -> str:
+    return f"{r['summary']['prompt_tokens_per_question'] + r['summary']['completion_tokens_per_question']:.0f}"
+
+
+# The headline: one row per run, F1/EM with one decimal, tokens/q = prompt + completion (the demo's table).
+HEADLINE_COLUMNS = [Column("dataset", itemgetter("dataset")), Column("model", itemgetter("model")),
+                    Column("method", itemgetter("method")), Column("n", summary_cell("n"), "right"),
+                    Column("F1", summary_cell("f1", ".1f"), "right"), Column("EM", summary_cell("em", ".1f"), "right"),
+                    Column("format valid %", validity_cell, "right"),
+                    Column("mean steps", summary_cell("mean_steps", ".2f"), "right"),
+                    Column("tokens/q", _tokens_cell, "right")]
 
 
 def results_table(rows: list[dict[str, Any]], datasets: list[str]) -> str:
@@ -139,11 +153,12 @@ def results_table(rows: list[dict[str, Any]], datasets: list[str]) -> str:
 def stats_table(rows: list[dict[str, Any]]) -> str:
     """One line per run: failures, format validity, steps, tokens, time."""
     return Table(RUN_COLUMNS + [
-        Column("n", _figure("n", ""), "right"), Column("failed", _figure("failed", ""), "right"),
-        Column("format valid %", validity_cell, "right"), Column("mean steps", _figure("mean_steps", ".2f"), "right"),
-        Column("prompt tok/q", _figure("prompt_tokens_per_question", ".0f"), "right"),
-        Column("completion tok/q", _figure("completion_tokens_per_question", ".0f"), "right"),
-        Column("s/q", _figure("wall_time_s_per_question", ".2f"), "right")], rows).markdown()
+        Column("n", summary_cell("n"), "right"), Column("failed", summary_cell("failed"), "right"),
+        Column("format valid %", validity_cell, "right"),
+        Column("mean steps", summary_cell("mean_steps", ".2f"), "right"),
+        Column("prompt tok/q", summary_cell("prompt_tokens_per_question", ".0f"), "right"),
+        Column("completion tok/q", summary_cell("completion_tokens_per_question", ".0f"), "right"),
+        Column("s/q", summary_cell("wall_time_s_per_question", ".2f"), "right")], rows).markdown()
 
 
 def step_distribution_table(rows: list[dict[str, Any]]) -> str:
@@ -158,11 +173,13 @@ def step_distribution_table(rows: list[dict[str, Any]]) -> str:
 
 def recall_table(rows: list[dict[str, Any]]) -> str:
     """Fig 4a as figures: recall of the gold paragraphs by the first query and after each step."""
+    def first(r: dict[str, Any]) -> str:
+        return f"{r['summary']['recall']['first_query']:.1f}"
+
     def by_step(r: dict[str, Any]) -> str:
         return ", ".join(f"{k}: {v:.1f}" for k, v in r["summary"]["recall"]["cumulative_by_step"].items())
 
-    return Table(RUN_COLUMNS + [Column("first query", lambda r: f"{r['summary']['recall']['first_query']:.1f}", "right"),
-                                Column("by step", by_step)], rows).markdown()
+    return Table(RUN_COLUMNS + [Column("first query", first, "right"), Column("by step", by_step)], rows).markdown()
 
 
 def markdown_report(rows: list[dict[str, Any]], datasets: list[str]) -> str:
