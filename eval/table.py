@@ -9,7 +9,7 @@ files; `.rich()` builds a rich Table for the terminal from the same columns.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 
 @dataclass(frozen=True)
@@ -51,3 +51,9 @@ class Table:
         for i, cells in enumerate(body):
             t.add_row(*cells, end_section=i + 1 == rule_after)
         return t
+
+
+def counts_table(key_header: str, counts: Iterable[tuple[Any, Any]], count_header: str = "trajectories") -> Table:
+    """Two columns: each key and its count (e.g. rejection reasons), in the given order."""
+    return Table([Column(key_header, lambda kv: str(kv[0])), Column(count_header, lambda kv: str(kv[1]), "right")],
+                 list(counts))

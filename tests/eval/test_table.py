@@ -5,7 +5,7 @@ import io
 from rich import box
 from rich.console import Console
 
-from eval.table import Column, Table
+from eval.table import Column, Table, counts_table
 
 COLUMNS = [Column("name", lambda r: r["name"]), Column("score", lambda r: f"{r['score']:.2f}", "right"),
            Column("n", lambda r: str(r["n"]), "right")]
@@ -46,3 +46,9 @@ def test_rich_fit_keeps_figures_whole_and_draws_the_rule():
     plain = Table(COLUMNS, rows).rich(box=box.ASCII)
     assert [(c.no_wrap, c.min_width) for c in plain.columns] == [(False, None)] * 3
     assert "12.35" not in "\n".join(text(plain, width=20))  # without fit rich wraps the figure
+
+
+def test_counts_table_keeps_the_given_order_and_right_aligns_counts():
+    t = counts_table("reason", {"wrong": 3, "format": 12}.items())
+    assert t.markdown() == "| reason | trajectories |\n|---|---|\n| wrong | 3 |\n| format | 12 |"
+    assert [c.justify for c in t.rich().columns] == ["left", "right"]
