@@ -391,49 +391,38 @@ def row(cfg: DemoConfig, label: str, method: str, dataset: str, summary: dict[st
 # ---------------------------------------------------------------- the table
 
 
-COLUMNS = ("dataset", "model", "method", "n", "F1", "EM", "format valid %", "mean steps", "tokens/q")
-
-
-def table_cells(r: dict[str, Any]) -> list[str]:
-    s = r["summary"]
-    fv = "-" if s["format_validity"] is None else f"{s['format_validity']:.1f}"
-    tokens = s["prompt_tokens_per_question"] + s["completion_tokens_per_question"]
-    return [r["dataset"], r["model"], r["method"], str(s["n"]), f"{s['f1']:.1f}", f"{s['em']:.1f}", fv,
-            f"{s['mean_steps']:.2f}", f"{tokens:.0f}"]
-
-
 def ordered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The pooled rows first (the headline), then each dev set's."""
     return [r for r in rows if r["dataset"] == ALL] + [r for r in rows if r["dataset"] != ALL]
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    return "\n".join(lines + ["| " + " | ".join(table_cells(r)) + " |" for r in ordered(rows)])
+    from eval.report import HEADLINE_COLUMNS
+    from eval.table import Table
+
+    return Table(HEADLINE_COLUMNS, ordered(rows)).markdown()
+
+
+# The terminal's headers, shorter than the file's, so that the table fits 80 columns.
+TERMINAL_HEADERS = ("dataset", "student", "method", "n", "F1", "EM", "valid %", "steps", "tok/q")
 
 
 def rich_table(rows: list[dict[str, Any]], student: str):
-    """The terminal version: the student named once in the title, so the table fits 80 columns."""
+    """The terminal version: the student named once in the title, each row saying "prompted" or
+    "tuned", and a rule under the pooled rows."""
     from rich import box
-    from rich.table import Table
 
-    t = Table(title=f"{student} on the dev questions (F1/EM x100)", box=box.SIMPLE_HEAD, pad_edge=False,
-              collapse_padding=True)
-    headers = ("dataset", "student", "method", "n", "F1", "EM", "valid %", "steps", "tok/q")
+    from eval.report import HEADLINE_COLUMNS
+    from eval.table import Table
+
+    columns = [dataclasses.replace(c, header=h) for c, h in zip(HEADLINE_COLUMNS, TERMINAL_HEADERS)]
+    columns[1] = dataclasses.replace(columns[1], cell=lambda r: r["model"].removeprefix(student).strip(" ()"))
     rows = ordered(rows)
-    body = []
-    for r in rows:
-        cells = table_cells(r)
-        cells[1] = r["model"].removeprefix(student).strip(" ()")  # "prompted" / "tuned"
-        body.append(cells)
-    for i, h in enumerate(headers):  # each column as wide as its widest cell: figures are never cut
-        t.add_column(h, justify="left" if i < 3 else "right", no_wrap=True,
-                     min_width=max(len(h), *(len(c[i]) for c in body)))
-    t.caption = "valid %: steps whose index, judgment and query parsed; tok/q: prompt + completion tokens"
-    for i, (r, cells) in enumerate(zip(rows, body)):
-        # A rule under the pooled rows, which come first.
-        t.add_row(*cells, end_section=r["dataset"] == ALL and i + 1 < len(rows) and rows[i + 1]["dataset"] != ALL)
-    return t
+    pooled = sum(r["dataset"] == ALL for r in rows)
+    return Table(columns, rows).rich(
+        fit=True, rule_after=pooled if pooled < len(rows) else None, box=box.SIMPLE_HEAD, pad_edge=False,
+        collapse_padding=True, title=f"{student} on the dev questions (F1/EM x100)",
+        caption="valid %: steps whose index, judgment and query parsed; tok/q: prompt + completion tokens")
 
 
 SMOKE_NOTE = ("This is a SMOKE-SCALE run ({steps} training steps, {n_dev} dev questions): it checks that every "
@@ -476,11 +465,14 @@ def loss_line(log: list[dict[str, float]], key: str) -> str:
 
 def results_markdown(cfg: DemoConfig, rows: list[dict[str, Any]], info: dict[str, Any], note: str | None) -> str:
     from eval.report import results_table, stats_table, step_distribution_table
+    from eval.table import Column, Table
 
     loop, t, d = cfg.runtime.loop, cfg.train, info["data"]
     kind = "LoRA" if t.use_peft else "full fine-tuning"
     per_set = [r for r in rows if r["dataset"] != ALL]
     datasets = list(dict.fromkeys(r["dataset"] for r in per_set))
+    stage_times = Table([Column("stage", lambda kv: kv[0]), Column("s", lambda kv: f"{kv[1]:.1f}", "right")],
+                        list(info["wall_s"].items()))
     return "\n".join([
         "# kair demo", "", *([f"> {note}", ""] if note else []),
         f"Student `{cfg.runtime.llm.model}`, retriever {cfg.runtime.retriever.kind}"
@@ -503,8 +495,7 @@ def results_markdown(cfg: DemoConfig, rows: list[dict[str, Any]], info: dict[str
         "## Run statistics", "", stats_table(per_set), "",
         "s/q is each question's latency inside its batch, not throughput.", "",
         "## Reached step", "", step_distribution_table(per_set), "",
-        "## Stage wall times (s)", "", "| stage | s |", "|---|---|",
-        *[f"| {k} | {v:.1f} |" for k, v in info["wall_s"].items()], "",
+        "## Stage wall times (s)", "", stage_times.markdown(), "",
         *([] if info["trained_this_run"] else [
             "This run reused the saved student (same train.yaml); its training took "
             + (f"{info['training_s']:.0f} s (trainer_state.json)." if info["training_s"] is not None

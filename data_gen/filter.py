@@ -18,11 +18,13 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from data_gen.store import read_trajectories
 from eval.metrics import score
+from eval.table import Column, Table, counts_table
 from kair_runtime.config import ConfigError
 from kair_runtime.index import index_size
 from kair_runtime.jsonl import JsonlWriter, atomic_write_text
@@ -186,53 +188,47 @@ def _steps(traces) -> dict[str, int]:
 def report_markdown(r: dict[str, Any]) -> str:
     pct = 100 * r["kept"] / r["total"] if r["total"] else 0.0
     s = r["settings"]
-    lines = ["# Trajectory filter report", "",
-             f"Kept **{r['kept']} / {r['total']}** trajectories ({pct:.1f}%), covering {r['questions_kept']} / "
-             f"{r['questions']} questions.", "",
-             f"Settings: min_f1 = {s['min_f1']}, best_k = {s['best_k']}, max_step_tokens = "
-             f"{s['max_step_tokens'] if s['max_step_tokens'] is not None else 'recorded budget'}, "
-             f"require_sufficient = {s['require_sufficient']}. Mean F1 {r['mean_f1']:.3f}, EM {r['mean_em']:.3f}.", "",
-             "## Rejection reasons", "", "| reason | trajectories |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in r["reasons"].items()] or ["| (none) | 0 |"]
-    lines += ["", "## By dataset", "", "| dataset | kept | total |", "|---|---|---|"]
-    lines += [f"| {d} | {c.get('kept', 0)} | {c.get('total', 0)} |" for d, c in r["by_dataset"].items()]
-    lines += ["", "## F1 histogram (all trajectories)", "", "| F1 | trajectories |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in r["f1_histogram"].items()]
-    lines += ["", "## Steps", "", "| steps | all | kept |", "|---|---|---|"]
-    for k in sorted(set(r["steps_all"]) | set(r["steps_kept"]), key=int):
-        lines.append(f"| {k} | {r['steps_all'].get(k, 0)} | {r['steps_kept'].get(k, 0)} |")
-    lines += ["", "## Index size per step (kept, means)", "", "| step | n | keywords | relations | facts | summary words |",
-              "|---|---|---|---|---|---|"]
-    for step, m in r["index_size_per_step"].items():
-        lines.append(f"| {step} | {m['n']} | {m.get('keywords', 0)} | {m.get('relations', 0)} | "
-                     f"{m.get('facts', 0)} | {m.get('summary_words', 0)} |")
-    return "\n".join(lines) + "\n"
+
+    def size(key: str) -> Column:
+        return Column(key.replace("_", " "), lambda sm: str(sm[1].get(key, 0)), "right")
+
+    by_dataset = Table([Column("dataset", itemgetter(0)),
+                        Column("kept", lambda dc: str(dc[1].get("kept", 0)), "right"),
+                        Column("total", lambda dc: str(dc[1].get("total", 0)), "right")], list(r["by_dataset"].items()))
+    steps = Table([Column("steps", str), Column("all", lambda k: str(r["steps_all"].get(k, 0)), "right"),
+                   Column("kept", lambda k: str(r["steps_kept"].get(k, 0)), "right")],
+                  sorted(set(r["steps_all"]) | set(r["steps_kept"]), key=int))
+    sizes = Table([Column("step", itemgetter(0)), Column("n", lambda sm: str(sm[1]["n"]), "right"),
+                   *map(size, ("keywords", "relations", "facts", "summary_words"))],
+                  list(r["index_size_per_step"].items()))
+    return "\n".join([
+        "# Trajectory filter report", "",
+        f"Kept **{r['kept']} / {r['total']}** trajectories ({pct:.1f}%), covering {r['questions_kept']} / "
+        f"{r['questions']} questions.", "",
+        f"Settings: min_f1 = {s['min_f1']}, best_k = {s['best_k']}, max_step_tokens = "
+        f"{s['max_step_tokens'] if s['max_step_tokens'] is not None else 'recorded budget'}, "
+        f"require_sufficient = {s['require_sufficient']}. Mean F1 {r['mean_f1']:.3f}, EM {r['mean_em']:.3f}.", "",
+        "## Rejection reasons", "", counts_table("reason", r["reasons"].items() or [("(none)", 0)]).markdown(), "",
+        "## By dataset", "", by_dataset.markdown(), "",
+        "## F1 histogram (all trajectories)", "", counts_table("F1", r["f1_histogram"].items()).markdown(), "",
+        "## Steps", "", steps.markdown(), "",
+        "## Index size per step (kept, means)", "", sizes.markdown()]) + "\n"
 
 
 def print_report(r: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     console.print(f"kept [bold]{r['kept']}[/] / {r['total']} trajectories "
                   f"({r['questions_kept']} / {r['questions']} questions)")
-    t = Table(title="rejection reasons")
-    t.add_column("reason")
-    t.add_column("trajectories", justify="right")
-    for k, v in r["reasons"].items():
-        t.add_row(k, str(v))
-    console.print(t)
-    h = Table(title="F1 histogram / steps")
-    h.add_column("F1")
-    h.add_column("n", justify="right")
-    h.add_column("steps")
-    h.add_column("all", justify="right")
-    h.add_column("kept", justify="right")
-    steps = sorted(set(r["steps_all"]) | set(r["steps_kept"]), key=int)
+    console.print(counts_table("reason", r["reasons"].items()).rich(title="rejection reasons"))
+    # The histogram and the step counts side by side, the shorter padded with blanks.
     bins = list(r["f1_histogram"].items())
-    for i in range(max(len(bins), len(steps))):
-        b = bins[i] if i < len(bins) else ("", "")
-        st = steps[i] if i < len(steps) else ""
-        h.add_row(b[0], str(b[1]), st, str(r["steps_all"].get(st, "")) if st else "",
-                  str(r["steps_kept"].get(st, "")) if st else "")
-    console.print(h)
+    steps = sorted(set(r["steps_all"]) | set(r["steps_kept"]), key=int)
+    n = max(len(bins), len(steps))
+    rows = list(zip(bins + [("", "")] * (n - len(bins)), steps + [""] * (n - len(steps))))
+    console.print(Table([Column("F1", lambda bs: bs[0][0]), Column("n", lambda bs: str(bs[0][1]), "right"),
+                         Column("steps", itemgetter(1)),
+                         Column("all", lambda bs: str(r["steps_all"].get(bs[1], "")) if bs[1] else "", "right"),
+                         Column("kept", lambda bs: str(r["steps_kept"].get(bs[1], "")) if bs[1] else "", "right")],
+                        rows).rich(title="F1 histogram / steps"))

@@ -26,6 +26,7 @@ from typing import Any
 
 from data_gen.chains import entity_of
 from eval.metrics import normalize_answer, token_f1
+from eval.table import Column, Table
 from kair_runtime.index import get_format
 from kair_runtime.jsonl import atomic_write_text
 from kair_runtime.records import Index, Trace
@@ -161,31 +162,27 @@ def write_quality(rows: list[dict[str, Any]], traces: list[Trace], out: Path) ->
     atomic_write_text(out.with_suffix(".md"), quality_markdown(rows))
 
 
-COLUMNS = [("dataset", "dataset"), ("source", "source"), ("n", "n"), ("complete", "complete"),
-           ("entity_recall", "entity recall"), ("triple_recall", "triple recall"),
-           ("answer_in_index", "answer in index"), ("mean_answer_step", "answer step")]
-
-
 def _cell(v: Any) -> str:
     if v is None:
         return "-"
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
+def _column(key: str, header: str) -> Column:
+    return Column(header, lambda r: _cell(r[key]), "left" if key in ("dataset", "source") else "right")
+
+
+COLUMNS = [_column("dataset", "dataset"), _column("source", "source"), _column("n", "n"),
+           _column("complete", "complete"), _column("entity_recall", "entity recall"),
+           _column("triple_recall", "triple recall"), _column("answer_in_index", "answer in index"),
+           _column("mean_answer_step", "answer step")]
+
+
 def quality_markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["# Index quality", "", "| " + " | ".join(h for _, h in COLUMNS) + " |",
-             "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cell(r[k]) for k, _ in COLUMNS) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join(["# Index quality", "", Table(COLUMNS, rows).markdown()]) + "\n"
 
 
 def print_quality(rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    t = Table(title="index quality")
-    for _, h in COLUMNS:
-        t.add_column(h, justify="left" if h in ("dataset", "source") else "right")
-    for r in rows:
-        t.add_row(*(_cell(r[k]) for k, _ in COLUMNS))
-    Console().print(t)
+    Console().print(Table(COLUMNS, rows).rich(title="index quality"))

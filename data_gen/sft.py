@@ -35,10 +35,12 @@ import random
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from data_gen.store import read_trajectories, source_key, trajectory_files
+from eval.table import Column, Table, counts_table
 from kair_runtime.config import ConfigError, RuntimeConfig
 from kair_runtime.index import empty_index
 from kair_runtime.jsonl import atomic_write_text
@@ -267,34 +269,34 @@ def sft_stats(traces: list[Trace], splits: dict[str, list[dict]], cfg: SFTDataCo
 
 
 def dataset_card(s: dict[str, Any]) -> str:
+    def kind(k: str) -> Column:
+        return Column(k, lambda split: str(split[1]["by_kind"].get(k, 0)), "right")
+
+    counts = Table([Column("split", itemgetter(0)),
+                    Column("examples", lambda split: str(split[1]["examples"]), "right"),
+                    Column("questions", lambda split: str(split[1]["questions"]), "right"),
+                    *map(kind, ("init", "update", "answer"))], list(s["splits"].items()))
+    teachers = counts_table("teacher", ((k or "(unnamed)", v) for k, v in s["sources"].items()))
     lines = ["# KAIR SFT data", "",
              "Chat examples for supervised fine-tuning of the KAIR loop: one per step (the step prompt and the "
              "canonical step output: index, reasoning with its judgment, next query) and one per final answer. "
              "Prompts are byte-equal to what `kair_runtime` sends at inference.", "",
              "Load with `datasets.load_from_disk('dataset')`, or read `train.jsonl` / `validation.jsonl` "
              "(`{\"messages\": [...]}` rows, for TRL, LlamaFactory or axolotl).", "",
-             "## Counts", "", "| split | examples | questions | init | update | answer |", "|---|---|---|---|---|---|"]
-    for name, sp in s["splits"].items():
-        k = sp["by_kind"]
-        lines.append(f"| {name} | {sp['examples']} | {sp['questions']} | {k.get('init', 0)} | "
-                     f"{k.get('update', 0)} | {k.get('answer', 0)} |")
-    lines += ["", f"From {s['trajectories']} trajectories ({len(s.get('skipped_not_reproducible', {}))} skipped: their "
-              f"canonical output did not parse back the same). The split is by question id (no question in both), "
-              f"validation fraction {s['settings']['validation_fraction']}, seed {s['settings']['seed']}.", "",
-              "## Sources", "", "| teacher | trajectories |", "|---|---|"]
-    lines += [f"| {k or '(unnamed)'} | {v} |" for k, v in s["sources"].items()]
-    lines += ["", "| dataset | trajectories |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in s["datasets"].items()]
-    lines += ["", "## Prompts", "",
-              f"- index format(s): {', '.join(s['index_formats'])}",
-              f"- prompt version(s): {', '.join(s['prompt_versions'])} (`PromptSet.version`)",
-              f"- prompt source: {s['settings']['prompt_source']}; loop settings: {s['settings']['loop']}",
-              "", "## Filter", ""]
+             "## Counts", "", counts.markdown(), "",
+             f"From {s['trajectories']} trajectories ({len(s.get('skipped_not_reproducible', {}))} skipped: their "
+             f"canonical output did not parse back the same). The split is by question id (no question in both), "
+             f"validation fraction {s['settings']['validation_fraction']}, seed {s['settings']['seed']}.", "",
+             "## Sources", "", teachers.markdown(), "", counts_table("dataset", s["datasets"].items()).markdown(),
+             "", "## Prompts", "",
+             f"- index format(s): {', '.join(s['index_formats'])}",
+             f"- prompt version(s): {', '.join(s['prompt_versions'])} (`PromptSet.version`)",
+             f"- prompt source: {s['settings']['prompt_source']}; loop settings: {s['settings']['loop']}",
+             "", "## Filter", ""]
     f = s["filter"]
     if f:
         lines += [f"Kept {f['kept']} of {f['total']} trajectories with {f['settings']}.", "",
-                  "| rejection reason | trajectories |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in f["reasons"].items()] or ["| (none) | 0 |"]
+                  counts_table("rejection reason", f["reasons"].items() or [("(none)", 0)]).markdown()]
     else:
         lines.append("No filter report was found next to the input trajectories.")
     return "\n".join(lines) + "\n"

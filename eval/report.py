@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from pathlib import Path
+from operator import itemgetter
 from statistics import mean
-from typing import Any
+from typing import Any, Callable
 
 from eval.metrics import aggregate, format_validity, score_trace
+from eval.table import Column, Table
 from kair_runtime.index import index_size
 from kair_runtime.records import Trace
 
@@ -101,54 +103,83 @@ def retrieval_recall(traces: list[Trace], gold_ids: dict[str, set[str]]) -> dict
 
 # ---------------------------------------------------------------- tables
 
+# Every run row starts with these: {"model": ..., "method": ..., "dataset": ..., "summary": {...}}.
+RUN_COLUMNS = [Column("model", itemgetter("model")), Column("method", itemgetter("method")),
+               Column("dataset", itemgetter("dataset"))]
+
+
+def summary_cell(key: str, spec: str = "") -> Callable[[dict[str, Any]], str]:
+    """The formatter of a run row's summary figure `key`, with format spec `spec`."""
+    return lambda r: format(r["summary"][key], spec)
+
+
+def validity_cell(r: dict[str, Any]) -> str:
+    fv = r["summary"]["format_validity"]
+    return "-" if fv is None else f"{fv:.1f}"  # None: no step to judge
+
+
+def _tokens_cell(r: dict[str, Any]) -> str:
+    return f"{r['summary']['prompt_tokens_per_question'] + r['summary']['completion_tokens_per_question']:.0f}"
+
+
+# The headline: one row per run, F1/EM with one decimal, tokens/q = prompt + completion (the demo's table).
+HEADLINE_COLUMNS = [Column("dataset", itemgetter("dataset")), Column("model", itemgetter("model")),
+                    Column("method", itemgetter("method")), Column("n", summary_cell("n"), "right"),
+                    Column("F1", summary_cell("f1", ".1f"), "right"), Column("EM", summary_cell("em", ".1f"), "right"),
+                    Column("format valid %", validity_cell, "right"),
+                    Column("mean steps", summary_cell("mean_steps", ".2f"), "right"),
+                    Column("tokens/q", _tokens_cell, "right")]
+
+
 def results_table(rows: list[dict[str, Any]], datasets: list[str]) -> str:
-    """Markdown laid out like the paper's Table 1: F1 and EM per dataset, then their average.
-    rows: {"model": ..., "method": ..., "dataset": ..., "summary": {...}}."""
+    """Markdown laid out like the paper's Table 1: F1 and EM per dataset, then their average
+    (only over a complete row). One table row per (model, method)."""
     by_key: dict[tuple[str, str], dict[str, dict]] = defaultdict(dict)
     for r in rows:
         by_key[(r["model"], r["method"])][r["dataset"]] = r["summary"]
-    head = "| model | method | " + " | ".join(f"{d} F1 | {d} EM" for d in datasets) + " | Avg F1 | Avg EM |"
-    sep = "|" + "---|" * (2 + 2 * len(datasets) + 2)
-    lines = [head, sep]
-    for (model, method), per in by_key.items():
-        cells, f1s, ems = [], [], []
-        for d in datasets:
-            s = per.get(d)
-            if s is None:
-                cells += ["-", "-"]
-            else:
-                cells += [f"{s['f1']:.2f}", f"{s['em']:.2f}"]
-                f1s.append(s["f1"])
-                ems.append(s["em"])
-        complete = len(f1s) == len(datasets)
-        avg = [f"{_avg(f1s):.2f}", f"{_avg(ems):.2f}"] if complete else ["-", "-"]
-        lines.append(f"| {model} | {method} | " + " | ".join(cells + avg) + " |")
-    return "\n".join(lines)
+
+    def figure(d: str, key: str) -> Column:
+        return Column(f"{d} {key.upper()}", lambda p: "-" if d not in p[2] else f"{p[2][d][key]:.2f}", "right")
+
+    def average(key: str) -> Column:
+        return Column(f"Avg {key.upper()}", lambda p: f"{_avg(p[2][d][key] for d in datasets):.2f}"
+                      if all(d in p[2] for d in datasets) else "-", "right")
+
+    columns = [Column("model", itemgetter(0)), Column("method", itemgetter(1)),
+               *(c for d in datasets for c in (figure(d, "f1"), figure(d, "em"))), average("f1"), average("em")]
+    return Table(columns, [(model, method, per) for (model, method), per in by_key.items()]).markdown()
 
 
 def stats_table(rows: list[dict[str, Any]]) -> str:
     """One line per run: failures, format validity, steps, tokens, time."""
-    lines = ["| model | method | dataset | n | failed | format valid % | mean steps | prompt tok/q | "
-             "completion tok/q | s/q |", "|" + "---|" * 10]
-    for r in rows:
-        s = r["summary"]
-        fv = "-" if s["format_validity"] is None else f"{s['format_validity']:.1f}"
-        lines.append(f"| {r['model']} | {r['method']} | {r['dataset']} | {s['n']} | {s['failed']} | {fv} | "
-                     f"{s['mean_steps']:.2f} | {s['prompt_tokens_per_question']:.0f} | "
-                     f"{s['completion_tokens_per_question']:.0f} | {s['wall_time_s_per_question']:.2f} |")
-    return "\n".join(lines)
+    return Table(RUN_COLUMNS + [
+        Column("n", summary_cell("n"), "right"), Column("failed", summary_cell("failed"), "right"),
+        Column("format valid %", validity_cell, "right"),
+        Column("mean steps", summary_cell("mean_steps", ".2f"), "right"),
+        Column("prompt tok/q", summary_cell("prompt_tokens_per_question", ".0f"), "right"),
+        Column("completion tok/q", summary_cell("completion_tokens_per_question", ".0f"), "right"),
+        Column("s/q", summary_cell("wall_time_s_per_question", ".2f"), "right")], rows).markdown()
 
 
 def step_distribution_table(rows: list[dict[str, Any]]) -> str:
     """Table 6: share of questions stopping at each step."""
     steps = sorted({k for r in rows for k in r["summary"]["step_distribution"]}, key=int)
-    lines = ["| model | method | dataset | " + " | ".join(f"step {k}" for k in steps) + " |",
-             "|" + "---|" * (3 + len(steps))]
-    for r in rows:
-        dist = r["summary"]["step_distribution"]
-        lines.append(f"| {r['model']} | {r['method']} | {r['dataset']} | "
-                     + " | ".join(f"{100 * dist.get(k, 0):.1f}%" for k in steps) + " |")
-    return "\n".join(lines)
+
+    def share(k: str) -> Column:
+        return Column(f"step {k}", lambda r: f"{100 * r['summary']['step_distribution'].get(k, 0):.1f}%", "right")
+
+    return Table(RUN_COLUMNS + [share(k) for k in steps], rows).markdown()
+
+
+def recall_table(rows: list[dict[str, Any]]) -> str:
+    """Fig 4a as figures: recall of the gold paragraphs by the first query and after each step."""
+    def first(r: dict[str, Any]) -> str:
+        return f"{r['summary']['recall']['first_query']:.1f}"
+
+    def by_step(r: dict[str, Any]) -> str:
+        return ", ".join(f"{k}: {v:.1f}" for k, v in r["summary"]["recall"]["cumulative_by_step"].items())
+
+    return Table(RUN_COLUMNS + [Column("first query", first, "right"), Column("by step", by_step)], rows).markdown()
 
 
 def markdown_report(rows: list[dict[str, Any]], datasets: list[str]) -> str:
@@ -159,13 +190,7 @@ def markdown_report(rows: list[dict[str, Any]], datasets: list[str]) -> str:
              "## Reached retrieval step (Table 6)", "", step_distribution_table(rows), ""]
     recall_rows = [r for r in rows if "recall" in r["summary"]]
     if recall_rows:
-        parts += ["## Recall of gold paragraphs (%)", "", "| model | method | dataset | first query | by step |",
-                  "|---|---|---|---|---|"]
-        for r in recall_rows:
-            rc = r["summary"]["recall"]
-            by = ", ".join(f"{k}: {v:.1f}" for k, v in rc["cumulative_by_step"].items())
-            parts.append(f"| {r['model']} | {r['method']} | {r['dataset']} | {rc['first_query']:.1f} | {by} |")
-        parts.append("")
+        parts += ["## Recall of gold paragraphs (%)", "", recall_table(recall_rows), ""]
     return "\n".join(parts)
 
 

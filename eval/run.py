@@ -34,6 +34,7 @@ import yaml
 
 from eval.methods import METHODS, MethodSettings, build_method
 from eval.report import markdown_report, results_table, summarize, write_plots
+from eval.table import Column, Table
 from kair_runtime.config import ConfigError, RuntimeConfig, apply_overrides, from_dict, read_yaml, to_dict
 from kair_runtime.errors import USER_ERRORS
 from kair_runtime.jsonl import JsonlWriter, atomic_write_text, recover, replace_records
@@ -324,11 +325,11 @@ def _robustness(rows: list[dict]) -> str:
             groups.setdefault(key, []).append(r["summary"]["f1"])
     if not groups:
         return ""
-    lines = ["", "## Shuffled final documents (F1 over seeds)", "", "| model | dataset | method | seeds | mean | sigma |",
-             "|---|---|---|---|---|---|"]
-    for (model, ds, method), f1s in groups.items():
-        lines.append(f"| {model} | {ds} | {method} | {len(f1s)} | {mean(f1s):.2f} | {pstdev(f1s):.2f} |")
-    return "\n".join(lines) + "\n"
+    table = Table([Column("model", lambda g: g[0][0]), Column("dataset", lambda g: g[0][1]),
+                   Column("method", lambda g: g[0][2]), Column("seeds", lambda g: str(len(g[1])), "right"),
+                   Column("mean", lambda g: f"{mean(g[1]):.2f}", "right"),
+                   Column("sigma", lambda g: f"{pstdev(g[1]):.2f}", "right")], list(groups.items()))
+    return "\n".join(["", "## Shuffled final documents (F1 over seeds)", "", table.markdown()]) + "\n"
 
 
 # ---------------------------------------------------------------- CLI

@@ -24,7 +24,7 @@ import test_golden as tg  # noqa: E402
 
 
 def main(wanted: list[str]) -> int:
-    from kair_runtime.llm.tiny import build_tiny_chat_model
+    from train.tiny_model import build_tiny_chat_model
 
     root = Path(tempfile.mkdtemp(prefix="golden-"))
     tiny = build_tiny_chat_model(root / "tiny", family="qwen2")
