@@ -49,6 +49,7 @@ from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverCon
     from_dict, read_yaml, to_dict
 from kair_runtime.jsonl import atomic_write_text
 from kair_runtime.records import Question, Trace
+from kair_runtime.rundir import claim
 
 QUESTIONS_FILE = "demo_questions.jsonl"
 CORPUS_FILE = "demo_corpus.jsonl"
@@ -588,23 +589,8 @@ TRACE_NEUTRAL = ("out_dir", "dev_limit", "dev_sets", "eval_runs", "runtime.llm.b
 def claim_traces(cfg: DemoConfig, out: Path) -> None:
     """OUT/traces/ belongs to the settings that made it: resuming them under another loop, model or
     training setting would mix two runs in one table, so that is an error, not a resume."""
-    path = out / "traces" / "settings.yaml"
-    settings = to_dict(cfg)
-    if not path.exists():
-        atomic_write_text(path, yaml.safe_dump(settings, sort_keys=False))
-        return
-    old = yaml.safe_load(path.read_text(encoding="utf-8"))
-    changed = sorted(k for k in _changed_keys(old, settings)
-                     if not any(k == n or k.startswith(n + ".") for n in TRACE_NEUTRAL))
-    if changed:
-        raise ConfigError(f"{out / 'traces'} holds traces made with other settings (differs in: {', '.join(changed)}); "
-                          "use another --out, or delete that folder to regenerate them")
-
-
-def _changed_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [k for key in set(a) | set(b) for k in _changed_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
-    return [] if a == b else [prefix.rstrip(".")]
+    claim(out / "traces", to_dict(cfg), DemoConfig, file="settings.yaml", neutral=TRACE_NEUTRAL,
+          holds="traces made with other settings", hint="use another --out, or delete that folder to regenerate them")
 
 
 def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:

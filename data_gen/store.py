@@ -19,10 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
-
 from kair_runtime.config import ConfigError
-from kair_runtime.jsonl import JsonlError, atomic_write_text, decode_line
+from kair_runtime.jsonl import JsonlError, decode_line
 from kair_runtime.records import Question, Trace
 
 TRAJECTORY_DIR = "trajectories"
@@ -156,16 +154,3 @@ def _records(file: Path) -> Iterable[tuple[str, dict[str, Any]]]:
             raise JsonlError(f"{file}:{i}: expected a JSON object, got {type(rec).__name__}")
         yield f"{file}:{i}", rec
 
-
-def claim_dir(out_dir: Path, resolved: dict[str, Any], name: str = "config.yaml") -> None:
-    """An output folder belongs to one config: resuming with another would mix trajectories."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / name
-    if path.exists():
-        old = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        if old != resolved:
-            changed = sorted(k for k in set(old) | set(resolved) if old.get(k) != resolved.get(k))
-            raise ConfigError(f"{out_dir} holds a run with a different config (differs in: {', '.join(changed)}); "
-                              f"use another out_dir or delete the folder")
-        return
-    atomic_write_text(path, yaml.safe_dump(resolved, sort_keys=False))

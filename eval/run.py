@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-import yaml
 
 from eval.methods import METHODS, MethodSettings, build_method
 from eval.report import markdown_report, results_table, summarize, write_plots
@@ -41,6 +40,7 @@ from kair_runtime.llm import AdapterSwitcher, BackendError
 from kair_runtime.records import Question, ScoredPassage, Trace
 from kair_runtime.retrieval import CorpusError, Retriever, build_retriever
 from kair_runtime.retrieval.store import IndexDirError
+from kair_runtime.rundir import claim
 
 
 @dataclass
@@ -294,17 +294,7 @@ def gold_ids_for(questions: list[Question], corpus: Path) -> dict[str, set[str]]
 
 def _claim_run_dir(run_dir: Path, cfg: EvalConfig) -> None:
     """A run dir belongs to one config: resuming with a different one would mix results."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "config.yaml"
-    resolved = to_dict(cfg)
-    if path.exists():
-        old = yaml.safe_load(path.read_text(encoding="utf-8"))
-        if old != resolved:
-            changed = sorted(k for k in set(old) | set(resolved) if old.get(k) != resolved.get(k))
-            raise ConfigError(f"{run_dir} holds a run with a different config (differs in: {', '.join(changed)}); "
-                              "use another --run-name or delete the folder")
-    else:
-        atomic_write_text(path, yaml.safe_dump(resolved, sort_keys=False))
+    claim(run_dir, to_dict(cfg), EvalConfig, hint="use another --run-name or delete the folder")
 
 
 def write_reports(rows: list[dict], run_dir: Path) -> None:
