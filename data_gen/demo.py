@@ -45,6 +45,7 @@ import typer
 import yaml
 
 from data_gen.silver import Hop, chain, fact_with, mentions
+from eval.specs import DatasetSpec, TrainSet
 from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig, apply_overrides, \
     from_dict, read_yaml, to_dict
 from kair_runtime.jsonl import atomic_write_text
@@ -96,8 +97,11 @@ class DemoConfig:
     runtime: RuntimeConfig = field(default_factory=_smoke_runtime)  # llm.model is the student
     out_dir: str = "runs/demo"
     data_dir: str | None = None  # None: the embedded demo; else a demo-layout or benchmark folder
-    train_sets: list[str] = field(default_factory=lambda: ["hotpotqa:train", "musique:train"])  # benchmark only
-    dev_sets: list[str] = field(default_factory=lambda: ["hotpotqa:dev", "musique:dev", "2wikimultihopqa:dev"])
+    # With a benchmark folder only: `name:split` strings or eval.specs mappings ({name, split, path, limit,
+    # extra_corpus}); a split's file and relative extra_corpus paths are under data_dir.
+    train_sets: list[TrainSet | str] = field(default_factory=lambda: ["hotpotqa:train", "musique:train"])
+    dev_sets: list[DatasetSpec | str] = field(default_factory=lambda: ["hotpotqa:dev", "musique:dev",
+                                                                       "2wikimultihopqa:dev"])
     teacher: LLMConfig | None = None  # an LLM whose KAIR trajectories join the silver ones
     min_f1: float = 1.0  # answer F1 a trajectory needs to become training data
     train: TrainSettings = field(default_factory=TrainSettings)
@@ -197,17 +201,27 @@ def demo_sets(cfg: DemoConfig) -> tuple[QuestionSet, list[QuestionSet]]:
             [QuestionSet("demo-dev", dev, corpus, gold(dev))])
 
 
-def _name_split(item: str) -> tuple[str, str]:
-    name, sep, split = item.partition(":")
-    if not sep or not name or not split:
-        raise ConfigError(f"dataset {item!r} must look like name:split (e.g. musique:dev)")
-    return name, split
+def benchmark_specs(items: list[DatasetSpec | str], cls: type[DatasetSpec], root: Path) -> list[DatasetSpec]:
+    """train_sets or dev_sets as specs of the files they read: a `name:split` string (both parts
+    required) or a mapping; a split is read from root's copy of the shared data layout, and
+    relative extra_corpus paths are under root."""
+    specs = []
+    for item in items:
+        spec = cls.from_arg(item, strict=True) if isinstance(item, str) else item
+        if spec.corpus or spec.corpus_from:
+            raise ConfigError(f"{spec.name}: the demo builds each set's closed corpus from its own file; corpus "
+                              "and corpus_from are `kair eval` settings (add paragraph files with extra_corpus)")
+        path = Path(spec.path) if spec.path else benchmark_file(root, spec.name, spec.split)
+        specs.append(dataclasses.replace(spec, path=str(path), extra_corpus=[str(root / e) for e in spec.extra_corpus]))
+    return specs
 
 
 def benchmark_file(root: Path, name: str, split: str) -> Path:
-    from eval.datasets import get_spec
+    """root's copy of a split (eval.datasets.default_path, under root instead of the shared data dir)."""
+    from eval.datasets import SPLIT_ALIASES, get_spec
 
     spec = get_spec(name)
+    split = SPLIT_ALIASES.get(split, split)
     if split not in spec.files:
         raise ConfigError(f"{name} has no local {split!r} split (has: {sorted(spec.files)})")
     path = root / spec.files[split]
@@ -221,32 +235,33 @@ def benchmark_sets(cfg: DemoConfig, out: Path) -> tuple[QuestionSet, list[Questi
     set gets the closed corpus of its split (every question's paragraphs, not only dev_limit's).
     With `runtime.retriever.index_dir` every set retrieves from that prebuilt index instead, and
     its passages are the corpus gold ids map into."""
-    from data_gen.store import DataSpec, load_questions
+    from data_gen.store import load_questions
     from eval.corpus import cached_corpus
+    from eval.datasets import load_dataset
     from eval.run import gold_ids_for
     from kair_runtime.retrieval.store import PASSAGES
 
     root = Path(cfg.data_dir)
     index = cfg.runtime.retriever.index_dir
 
-    def corpus_of(label: str, files: list[tuple[str, Path]], extra: list[Path]) -> Path:
+    def corpus_of(label: str, specs: list[DatasetSpec], extra: list[str]) -> Path:
         if index:
             return Path(index) / PASSAGES
         # Built once and reused only while its sources are unchanged: a resumed run must
-        # retrieve from the same passages.
-        return cached_corpus([(n, str(f)) for n, f in files], extra, out / "corpora" / f"{label}.jsonl")
+        # retrieve from the same passages. Sources are named by file (the fingerprint's strings).
+        return cached_corpus([(s.name, s.path) for s in specs], [e for s in specs for e in s.extra_corpus] + extra,
+                             out / "corpora" / f"{label}.jsonl")
 
-    train_files = [(n, benchmark_file(root, n, s)) for n, s in map(_name_split, cfg.train_sets)]
-    train_qs = load_questions([DataSpec(n, path=str(f)) for n, f in train_files])
-    train_corpus = corpus_of("train", train_files, [])
+    train_specs = benchmark_specs(cfg.train_sets, TrainSet, root)
+    train_qs = load_questions([dataclasses.replace(s, extra_corpus=[]) for s in train_specs])
+    train_corpus = corpus_of("train", train_specs, [])
     train = QuestionSet("train", train_qs, train_corpus, {})
     dev = []
-    for name, split in map(_name_split, cfg.dev_sets):
-        file = benchmark_file(root, name, split)
-        extra = [root / e for e in EXTRA_CORPUS.get(name, []) if (root / e).is_file()]
-        corpus = corpus_of(f"{name}-{split}", [(name, file)], extra)
-        qs = load_questions([DataSpec(name, split=split, path=str(file), limit=cfg.dev_limit)])
-        dev.append(QuestionSet(name, qs, corpus, gold_ids_for(qs, corpus)))
+    for spec in benchmark_specs(cfg.dev_sets, DatasetSpec, root):
+        extra = [str(root / e) for e in EXTRA_CORPUS.get(spec.name, []) if (root / e).is_file()]
+        corpus = corpus_of(f"{spec.name}-{spec.split}", [spec], extra)
+        qs = list(load_dataset(spec.name, path=spec.path, limit=spec.capped(cfg.dev_limit)))
+        dev.append(QuestionSet(spec.name, qs, corpus, gold_ids_for(qs, corpus)))
     if not train_qs or not any(d.questions for d in dev):
         raise ConfigError(f"--data {root}: no train or no dev questions")
     return train, dev

@@ -33,6 +33,7 @@ import typer
 
 from eval.methods import METHODS, MethodSettings, build_method
 from eval.report import markdown_report, results_table, summarize, write_plots
+from eval.specs import DatasetSpec, dataset_entries
 from eval.datasets import DatasetError
 from kair_runtime.config import ConfigError, RuntimeConfig, apply_overrides, from_dict, read_yaml, to_dict
 from kair_runtime.jsonl import JsonlError, JsonlWriter, atomic_write_text, recover, replace_records
@@ -41,20 +42,6 @@ from kair_runtime.records import Question, ScoredPassage, Trace
 from kair_runtime.retrieval import CorpusError, Retriever, build_retriever
 from kair_runtime.retrieval.store import IndexDirError
 from kair_runtime.rundir import claim
-
-
-@dataclass
-class DatasetSpec:
-    name: str  # a loader in eval.datasets: hotpotqa, musique, 2wikimultihopqa, bamboogle, flashrag
-    split: str = "dev"
-    path: str | None = None  # None: the default file for (name, split) in the shared data dir
-    corpus: str | None = None  # a jsonl corpus; None: the closed corpus built from `corpus_from`
-    corpus_from: list[str] = field(default_factory=list)  # "name:split" sources; [] = this dataset
-    extra_corpus: list[str] = field(default_factory=list)  # extra corpus files (e.g. 2Wiki corpus_6119.json)
-
-    @property
-    def label(self) -> str:
-        return self.name if self.split in ("dev", "test") else f"{self.name}-{self.split}"
 
 
 @dataclass
@@ -115,7 +102,8 @@ def load_questions(spec: DatasetSpec, cfg: EvalConfig) -> tuple[list[Question], 
     """The questions, and the malformed records skipped (only with skip_malformed; reported)."""
     from eval.datasets import load_dataset
 
-    loaded = load_dataset(spec.name, path=spec.path, split=spec.split, limit=cfg.limit, sample=cfg.sample,
+    # A dataset's own limit and the run's both cap it (check_eval_config keeps it apart from sample).
+    loaded = load_dataset(spec.name, path=spec.path, split=spec.split, limit=spec.capped(cfg.limit), sample=cfg.sample,
                           seed=cfg.seed, skip_malformed=cfg.skip_malformed)
     return list(loaded.questions), list(loaded.skipped)
 
@@ -127,8 +115,7 @@ def corpus_for(spec: DatasetSpec, cache: Path) -> Path:
 
     if spec.corpus:
         return Path(spec.corpus)
-    sources = spec.corpus_from or [f"{spec.name}:{spec.path or spec.split}"]
-    pairs = [(name, where or "dev") for name, _, where in (s.partition(":") for s in sources)]
+    pairs = spec.corpus_sources()
     return cached_corpus(pairs, spec.extra_corpus, cache / corpus_file_name(pairs))
 
 
@@ -180,6 +167,9 @@ def check_eval_config(cfg: EvalConfig) -> None:
         raise ConfigError(f"baselines.vanilla_top_k must be >= 1, got {cfg.baselines.vanilla_top_k}")
     for i, spec in enumerate(cfg.datasets):
         get_spec(spec.name)  # an unknown name fails here, before anything is written
+        if spec.limit is not None and (spec.limit < 1 or cfg.sample is not None):
+            raise ConfigError(f"datasets[{i}] ({spec.name}): limit must be >= 1 and cannot go with sample, "
+                              f"got limit {spec.limit}, sample {cfg.sample}")
         if cfg.runtime.retriever.index_dir and (spec.corpus or spec.corpus_from or spec.extra_corpus):
             raise ConfigError(f"datasets[{i}] ({spec.name}) sets a corpus, and runtime.retriever.index_dir "
                               f"names an index to retrieve from; set one of the two")
@@ -340,7 +330,8 @@ def main(
     model: Optional[str] = typer.Option(None, help="Base model (hub name or path)."),
     adapter: Optional[str] = typer.Option(None, help="A LoRA adapter or checkpoint dir."),
     checkpoints: Optional[str] = typer.Option(None, help="Evaluate every checkpoint-* under this dir."),
-    datasets: Optional[str] = typer.Option(None, help="Comma-separated dataset names (dev splits)."),
+    datasets: Optional[str] = typer.Option(None, help="Comma-separated NAME[:SPLIT|:FILE] (the dev split by default); "
+                                                  "a bare name keeps the config's entry of that name."),
     methods: Optional[str] = typer.Option(None, help=f"Comma-separated: {', '.join(METHODS)}"),
     limit: Optional[int] = typer.Option(None, help="First N questions per dataset."),
     run_name: Optional[str] = typer.Option(None, help="Run folder name under out_dir."),
@@ -389,8 +380,7 @@ def load_eval_config(path: str, overrides: list[str], **flags) -> EvalConfig:
     if flags.get("adapter"):
         data.setdefault("runtime", {}).setdefault("llm", {})["adapter"] = flags["adapter"]
     if flags.get("datasets"):
-        known = {d.get("name"): d for d in data.get("datasets", [])}
-        data["datasets"] = [known.get(n, {"name": n}) for n in flags["datasets"].split(",")]
+        data["datasets"] = dataset_entries(flags["datasets"], DatasetSpec, data.get("datasets", []))
     if flags.get("methods"):
         data["methods"] = flags["methods"].split(",")
     for key in ("checkpoints", "limit", "run_name", "out_dir"):
