@@ -92,16 +92,23 @@ EVAL_RUNS: dict[str, tuple[str, str, bool]] = {"prompted-kair": ("prompted", "ka
                                                "tuned-kair": ("tuned", "kair", True)}
 
 
+def _dev_sets() -> list[DatasetSpec | str]:
+    # A 2Wiki dev question's own paragraphs are a small corpus; the benchmark folder also ships the
+    # paragraphs of a 1,000-question dev sample, which the closed corpus of 2Wiki dev includes.
+    return ["hotpotqa:dev", "musique:dev",
+            DatasetSpec("2wikimultihopqa", "dev", extra_corpus=["2wikimultihopqa/corpus_6119.json"])]
+
+
 @dataclass
 class DemoConfig:
     runtime: RuntimeConfig = field(default_factory=_smoke_runtime)  # llm.model is the student
     out_dir: str = "runs/demo"
     data_dir: str | None = None  # None: the embedded demo; else a demo-layout or benchmark folder
     # With a benchmark folder only: `name:split` strings or eval.specs mappings ({name, split, path, limit,
-    # extra_corpus}); a split's file and relative extra_corpus paths are under data_dir.
+    # extra_corpus}); a split's file and relative extra_corpus paths are under data_dir. A string
+    # naming the set of a mapping below takes its settings (2Wiki dev: its extra paragraphs).
     train_sets: list[TrainSet | str] = field(default_factory=lambda: ["hotpotqa:train", "musique:train"])
-    dev_sets: list[DatasetSpec | str] = field(default_factory=lambda: ["hotpotqa:dev", "musique:dev",
-                                                                       "2wikimultihopqa:dev"])
+    dev_sets: list[DatasetSpec | str] = field(default_factory=_dev_sets)
     teacher: LLMConfig | None = None  # an LLM whose KAIR trajectories join the silver ones
     min_f1: float = 1.0  # answer F1 a trajectory needs to become training data
     train: TrainSettings = field(default_factory=TrainSettings)
@@ -168,11 +175,6 @@ class QuestionSet:
     gold: dict[str, set[str]]
 
 
-# A 2Wiki dev question's own paragraphs are a small corpus; the benchmark folder also ships the
-# paragraphs of a 1,000-question dev sample, which our closed corpus for it includes.
-EXTRA_CORPUS = {"2wikimultihopqa": ["2wikimultihopqa/corpus_6119.json"]}
-
-
 def is_benchmark_dir(data_dir: str | None) -> bool:
     return data_dir is not None and not (Path(data_dir) / QUESTIONS_FILE).exists()
 
@@ -203,11 +205,16 @@ def demo_sets(cfg: DemoConfig) -> tuple[QuestionSet, list[QuestionSet]]:
 
 def benchmark_specs(items: list[DatasetSpec | str], cls: type[DatasetSpec], root: Path) -> list[DatasetSpec]:
     """train_sets or dev_sets as specs of the files they read: a `name:split` string (both parts
-    required) or a mapping; a split is read from root's copy of the shared data layout, and
-    relative extra_corpus paths are under root."""
+    required; the default entry of that set, if DemoConfig has one, gives its other settings) or a
+    mapping; a split is read from root's copy of the shared data layout, and relative
+    extra_corpus paths are under root."""
+    defaults = [d for f in ("train_sets", "dev_sets") for d in getattr(DemoConfig(), f) if isinstance(d, DatasetSpec)]
     specs = []
     for item in items:
-        spec = cls.from_arg(item, strict=True) if isinstance(item, str) else item
+        spec = item
+        if isinstance(item, str):
+            spec = cls.from_arg(item, strict=True)
+            spec = next((d for d in defaults if (d.name, d.split, d.path) == (spec.name, spec.split, spec.path)), spec)
         if spec.corpus or spec.corpus_from:
             raise ConfigError(f"{spec.name}: the demo builds each set's closed corpus from its own file; corpus "
                               "and corpus_from are `kair eval` settings (add paragraph files with extra_corpus)")
@@ -236,7 +243,7 @@ def benchmark_sets(cfg: DemoConfig, out: Path) -> tuple[QuestionSet, list[Questi
     With `runtime.retriever.index_dir` every set retrieves from that prebuilt index instead, and
     its passages are the corpus gold ids map into."""
     from data_gen.store import load_questions
-    from eval.corpus import cached_corpus
+    from eval.corpus import corpus_for
     from eval.datasets import load_dataset
     from eval.run import gold_ids_for
     from kair_runtime.retrieval.store import PASSAGES
@@ -244,22 +251,24 @@ def benchmark_sets(cfg: DemoConfig, out: Path) -> tuple[QuestionSet, list[Questi
     root = Path(cfg.data_dir)
     index = cfg.runtime.retriever.index_dir
 
-    def corpus_of(label: str, specs: list[DatasetSpec], extra: list[str]) -> Path:
+    def corpus_of(label: str, specs: list[DatasetSpec]) -> Path:
         if index:
             return Path(index) / PASSAGES
         # Built once and reused only while its sources are unchanged: a resumed run must
-        # retrieve from the same passages. Sources are named by file (the fingerprint's strings).
-        return cached_corpus([(s.name, s.path) for s in specs], [e for s in specs for e in s.extra_corpus] + extra,
-                             out / "corpora" / f"{label}.jsonl")
+        # retrieve from the same passages. The specs read files, so the sources are named by file.
+        missing = [e for s in specs for e in s.extra_corpus if not Path(e).is_file()]
+        if missing:
+            raise ConfigError(f"--data {root}: {', '.join(missing)} not found (the extra_corpus of {label}; "
+                              "give that set as a mapping without it to leave it out)")
+        return corpus_for(specs, out / "corpora" / f"{label}.jsonl")
 
     train_specs = benchmark_specs(cfg.train_sets, TrainSet, root)
     train_qs = load_questions([dataclasses.replace(s, extra_corpus=[]) for s in train_specs])
-    train_corpus = corpus_of("train", train_specs, [])
+    train_corpus = corpus_of("train", train_specs)
     train = QuestionSet("train", train_qs, train_corpus, {})
     dev = []
     for spec in benchmark_specs(cfg.dev_sets, DatasetSpec, root):
-        extra = [str(root / e) for e in EXTRA_CORPUS.get(spec.name, []) if (root / e).is_file()]
-        corpus = corpus_of(f"{spec.name}-{spec.split}", [spec], extra)
+        corpus = corpus_of(f"{spec.name}-{spec.split}", [spec])
         qs = list(load_dataset(spec.name, path=spec.path, limit=spec.capped(cfg.dev_limit)))
         dev.append(QuestionSet(spec.name, qs, corpus, gold_ids_for(qs, corpus)))
     if not train_qs or not any(d.questions for d in dev):

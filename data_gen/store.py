@@ -58,10 +58,10 @@ def closed_corpus(specs: list[TrainSet], extra: list[str], out: Path) -> Path:
     """The union of the specs' own paragraphs (every question of each split, not only the
     `limit` ones, so shards and reruns retrieve from the same corpus), built once (atomically,
     so machines sharing OUT never read a half-written file) and reused while its sources are
-    unchanged (eval.corpus.cached_corpus)."""
-    from eval.corpus import cached_corpus
+    unchanged (eval.corpus.corpus_for)."""
+    from eval.corpus import corpus_for
 
-    return cached_corpus([(s.name, s.source) for s in specs], extra, out)
+    return corpus_for(specs, out, extra)
 
 
 def without_context(q: Question) -> Question:

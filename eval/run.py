@@ -110,13 +110,11 @@ def load_questions(spec: DatasetSpec, cfg: EvalConfig) -> tuple[list[Question], 
 
 def corpus_for(spec: DatasetSpec, cache: Path) -> Path:
     """The dataset's retrieval corpus: given, or the closed corpus of its sources (by default the
-    file evaluated: `path`, else the split's), built once and reused while its sources are unchanged."""
-    from eval.corpus import cached_corpus
+    file evaluated: `path`, else the split's), built once into RUN/corpora/ (named by its sources)
+    and reused while they are unchanged."""
+    from eval.corpus import corpus_for as dataset_corpus
 
-    if spec.corpus:
-        return Path(spec.corpus)
-    pairs = spec.corpus_sources()
-    return cached_corpus(pairs, spec.extra_corpus, cache / corpus_file_name(pairs))
+    return dataset_corpus([spec], lambda pairs: cache / corpus_file_name(pairs))
 
 
 def corpus_file_name(pairs: list[tuple[str, str]]) -> str:
