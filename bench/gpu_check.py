@@ -8,7 +8,7 @@ measures what docs/results.md anchors, on a model nothing has to download:
 
 1. model: a random-init Qwen2 at Qwen2.5-7B's shapes (hidden 3584, MLP 18944, 28 layers, 28/4
    heads, vocab 152064, untied head; 7.6B parameters) built on the GPU in bf16 and saved as
-   safetensors, with the tiny ChatML tokenizer of kair_runtime/llm/tiny.py (~700 tokens, built
+   safetensors, with the tiny ChatML tokenizer of train/tiny_model.py (~700 tokens, built
    locally). That tokenizer spends about twice as many tokens per word as Qwen's, so the same
    chats are ~2x longer in tokens. The LM head rows past the tokenizer's last id are zero, the
    way a real checkpoint pads its vocabulary: every one of the 152064 logits is still computed,
@@ -109,7 +109,7 @@ def build_model(out: Path, plan: Plan, device: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-    from kair_runtime.llm.tiny import build_tiny_chat_model
+    from train.tiny_model import build_tiny_chat_model
 
     tok = AutoTokenizer.from_pretrained(build_tiny_chat_model(out.parent / "tokenizer", family="qwen2"))
     config = Qwen2Config(**plan.shape, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,

@@ -51,7 +51,7 @@ def build_model(out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-    from kair_runtime.llm.tiny import build_tiny_chat_model
+    from train.tiny_model import build_tiny_chat_model
 
     if (out / "config.json").is_file():
         return out

@@ -20,14 +20,13 @@ import typer
 
 from data_gen.filter import FilterConfig, print_report, run_filter
 from data_gen.quality import QualityConfig, print_quality, summarize_quality, write_quality
-from data_gen.sft import SFTConfig, SFTError, build_sft
+from data_gen.sft import SFTDataConfig, build_sft
 from data_gen.silver import SilverConfig, silver, silver_counts
 from data_gen.store import read_trajectories
 from data_gen.teacher import GenerateConfig, generate
 from eval.specs import TrainSet, dataset_entries
 from kair_runtime.config import ConfigError, apply_overrides, from_dict, read_yaml
-from kair_runtime.jsonl import JsonlError
-from kair_runtime.llm.base import BackendError
+from kair_runtime.errors import USER_ERRORS
 
 T = TypeVar("T")
 
@@ -36,7 +35,6 @@ datagen_app = typer.Typer(help="Distillation data: teacher trajectories, filteri
 
 CONFIG = typer.Option(None, "--config", "-c", help="A configs/datagen/*.yaml file.")
 SET = typer.Option([], "--set", help="Override a config key: --set runtime.loop.max_steps=3")
-USER_ERRORS = (ConfigError, KeyError, FileNotFoundError, ValueError, JsonlError, SFTError, BackendError)
 
 
 def load(cls: type[T], config: str | None, overrides: list[str], flags: dict[str, Any]) -> T:
@@ -60,6 +58,9 @@ def datasets_flag(arg: str | None) -> list[dict] | None:
 
 
 def _fail(e: Exception) -> None:
+    # Every datagen command catches ValueError on top of USER_ERRORS: its inputs are the user's own
+    # trajectory files, so a bad value read from one is the user's to fix, and to-sft's SFTError
+    # (trajectories made with other prompts, nothing left to convert) is a plain ValueError.
     typer.echo(f"error: {e}", err=True)
     raise typer.Exit(2)
 
@@ -86,7 +87,7 @@ def generate_cmd(
             for spec in cfg.datasets:
                 spec.limit = limit
         result = generate(cfg, progress=progress, retry_failed=retry_failed)
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, ValueError) as e:
         _fail(e)
     new = result.written - result.retried
     retried = f", {result.retried} failed ones retried" if result.retried else ""
@@ -111,7 +112,7 @@ def filter_cmd(
         cfg = load(FilterConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "min_f1": min_f1,
                                                 "best_k": best_k, "max_step_tokens": max_step_tokens})
         report = run_filter(cfg)
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, ValueError) as e:
         _fail(e)
     print_report(report)
     typer.echo(f"kept.jsonl, report.json, report.md -> {cfg.out_dir}")
@@ -129,11 +130,11 @@ def to_sft_cmd(
 ) -> None:
     """Turn trajectories into chat examples: messages jsonl, a DatasetDict and a dataset card."""
     try:
-        cfg = load(SFTConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "seed": seed,
-                                             "validation_fraction": validation_fraction,
-                                             "prompt_source": prompt_source})
+        cfg = load(SFTDataConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "seed": seed,
+                                                 "validation_fraction": validation_fraction,
+                                                 "prompt_source": prompt_source})
         stats = build_sft(cfg)
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, ValueError) as e:
         _fail(e)
     for name, sp in stats["splits"].items():
         typer.echo(f"{name}: {sp['examples']} examples from {sp['questions']} questions {sp['by_kind']}")
@@ -159,7 +160,7 @@ def silver_cmd(
             for spec in cfg.datasets:
                 spec.limit = limit
         path, traces = silver(cfg)
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, ValueError) as e:
         _fail(e)
     for name, c in silver_counts(traces).items():
         typer.echo(f"{name}: {c['complete']} / {c['total']} complete")
@@ -183,7 +184,7 @@ def quality_cmd(
         src = Path(cfg.trajectories)
         dest = Path(cfg.out) if cfg.out else (src if src.is_dir() else src.parent) / "quality.json"
         write_quality(rows, traces, dest)
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, ValueError) as e:
         _fail(e)
     print_quality(rows)
     typer.echo(f"quality.json, quality.md -> {dest.parent}")

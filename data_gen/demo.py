@@ -297,7 +297,7 @@ def teacher_trajectories(cfg: DemoConfig, train: QuestionSet, retriever, out: Pa
 def make_sft_data(cfg: DemoConfig, train: QuestionSet, retriever, out: Path) -> dict[str, Any]:
     """Silver (+ teacher) trajectories -> filter by answer F1 -> SFT chats, each in its own folder."""
     from data_gen.filter import FilterConfig, run_filter
-    from data_gen.sft import SFTConfig, build_sft
+    from data_gen.sft import SFTDataConfig, build_sft
     from data_gen.silver import run_silver
     from kair_runtime.jsonl import JsonlWriter
 
@@ -314,8 +314,8 @@ def make_sft_data(cfg: DemoConfig, train: QuestionSet, retriever, out: Path) -> 
     if report["kept"] == 0:
         raise ConfigError(f"no trajectory passed the filter (see {out / 'filtered' / 'report.md'}); "
                           "raise max_steps or top_k, or lower min_f1")
-    stats = build_sft(SFTConfig(runtime=cfg.runtime, trajectories=str(out / "filtered"), out_dir=str(out / "sft"),
-                                validation_fraction=cfg.validation_fraction, seed=cfg.train.seed))
+    stats = build_sft(SFTDataConfig(runtime=cfg.runtime, trajectories=str(out / "filtered"), out_dir=str(out / "sft"),
+                                    validation_fraction=cfg.validation_fraction, seed=cfg.train.seed))
     return {"sources": sources, "kept": report["kept"], "reasons": report["reasons"],
             "examples": {k: v["examples"] for k, v in stats["splits"].items()}}
 
@@ -724,7 +724,7 @@ def demo_command(
     set_: list[str] = typer.Option([], "--set", help="Override a key: --set train.learning_rate=5e-4"),
 ) -> None:
     """The whole distillation on the CPU: index, trajectories, SFT of the student, eval, serve."""
-    from eval.run import USER_ERRORS
+    from kair_runtime.errors import USER_ERRORS
 
     try:
         cfg = load_demo_config(config, set_, out=out, train_steps=train_steps, max_steps=max_steps, data=data,

@@ -51,7 +51,9 @@ PROMPT_SOURCES = ("canonical", "recorded")
 
 
 @dataclass
-class SFTConfig:
+class SFTDataConfig:
+    """The `kair datagen to-sft` settings (named apart from TRL's SFTConfig, which configures training)."""
+
     # Only runtime.loop's prompt settings matter here (prompt_dir, system_prompt,
     # max_passage_words, answer_mode): they must be the ones the trajectories were made with.
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -92,7 +94,7 @@ def canonical_output(step: Step) -> str:
 # ---------------------------------------------------------------- prompts from a trace
 
 
-def prompt_set_for(trace: Trace, cfg: SFTConfig, cache: dict[str, PromptSet]) -> PromptSet:
+def prompt_set_for(trace: Trace, cfg: SFTDataConfig, cache: dict[str, PromptSet]) -> PromptSet:
     fmt = trace.index_format
     if fmt not in cache:
         loop = cfg.runtime.loop
@@ -153,7 +155,7 @@ def check_recorded(trace: Trace, prompts: PromptSet, answer_mode: str) -> list[s
 # ---------------------------------------------------------------- trace -> examples
 
 
-def trace_examples(trace: Trace, prompts: PromptSet, cfg: SFTConfig) -> list[SFTExample]:
+def trace_examples(trace: Trace, prompts: PromptSet, cfg: SFTDataConfig) -> list[SFTExample]:
     loop = cfg.runtime.loop
     if cfg.check_recorded:
         bad = check_recorded(trace, prompts, loop.answer_mode)
@@ -198,7 +200,7 @@ def split_questions(ids: list[str], fraction: float, seed: int) -> set[str]:
     return set(unique[:n])
 
 
-def build_sft(cfg: SFTConfig, traces: list[Trace] | None = None) -> dict[str, Any]:
+def build_sft(cfg: SFTDataConfig, traces: list[Trace] | None = None) -> dict[str, Any]:
     """Convert, split, write every output; return the stats (also in stats.json)."""
     from datasets import Dataset, DatasetDict
 
@@ -245,7 +247,7 @@ def filter_report(path: str | None) -> dict[str, Any] | None:
     return json.loads(report.read_text(encoding="utf-8")) if report.exists() else None
 
 
-def sft_stats(traces: list[Trace], splits: dict[str, list[dict]], cfg: SFTConfig,
+def sft_stats(traces: list[Trace], splits: dict[str, list[dict]], cfg: SFTDataConfig,
               filt: dict[str, Any] | None, versions: list[str]) -> dict[str, Any]:
     return {
         "trajectories": len(traces),

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import typer
 
-from eval.corpus import CorpusError, build_corpus
+from eval.corpus import build_corpus
 from eval.specs import parse_dataset_arg
+from kair_runtime.errors import USER_ERRORS
 
 corpus_app = typer.Typer(help="Build closed retrieval corpora from benchmark paragraphs.", no_args_is_help=True)
 
@@ -37,7 +38,7 @@ def build(
     sources = [parse_dataset_arg(d, split) for d in dataset]
     try:
         stats = build_corpus(sources, extra, out)
-    except (CorpusError, KeyError, ValueError) as e:
+    except (*USER_ERRORS, ValueError) as e:  # + a loader's ValueError on a malformed input file
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     for label, n in stats.sources.items():

@@ -40,13 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from kair_runtime.errors import UserError
 from kair_runtime.jsonl import BadLine, JsonlError, iter_json_records as read_json_records
 from kair_runtime.records import Question
 
 log = logging.getLogger(__name__)
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     pass
 
 

@@ -34,13 +34,12 @@ import typer
 from eval.methods import METHODS, MethodSettings, build_method
 from eval.report import markdown_report, results_table, summarize, write_plots
 from eval.specs import DatasetSpec, dataset_entries
-from eval.datasets import DatasetError
 from kair_runtime.config import ConfigError, RuntimeConfig, apply_overrides, from_dict, read_yaml, to_dict
-from kair_runtime.jsonl import JsonlError, JsonlWriter, atomic_write_text, recover, replace_records
-from kair_runtime.llm import AdapterSwitcher, BackendError
+from kair_runtime.errors import USER_ERRORS
+from kair_runtime.jsonl import JsonlWriter, atomic_write_text, recover, replace_records
+from kair_runtime.llm import AdapterSwitcher
 from kair_runtime.records import Question, ScoredPassage, Trace
-from kair_runtime.retrieval import CorpusError, Retriever, build_retriever
-from kair_runtime.retrieval.store import IndexDirError
+from kair_runtime.retrieval import Retriever, build_retriever
 from kair_runtime.rundir import claim
 
 
@@ -311,10 +310,6 @@ def _robustness(rows: list[dict]) -> str:
 
 
 # ---------------------------------------------------------------- CLI
-
-# What a user can fix in the config or the input files; anything else is a bug and keeps its traceback.
-USER_ERRORS = (ConfigError, KeyError, FileNotFoundError, BackendError, DatasetError, CorpusError, JsonlError,
-               IndexDirError)
 
 eval_app = typer.Typer(help="Evaluate prompted and tuned models; compare runs.", no_args_is_help=False,
                        invoke_without_command=True)

@@ -19,7 +19,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from kair_runtime.config import ConfigError, RuntimeConfig, apply_overrides, from_dict, read_yaml
+from kair_runtime.config import RuntimeConfig, apply_overrides, from_dict, read_yaml
+from kair_runtime.errors import USER_ERRORS
 from kair_runtime.retrieval.cli import index_app
 
 app = typer.Typer(help="KAIR: iterative retrieval with an evolving knowledge index.",
@@ -88,7 +89,6 @@ def ask(
 ) -> None:
     """Answer one question with the KAIR loop and show each step."""
     from kair_runtime.llm import close_llm
-    from kair_runtime.llm.base import BackendError
     from kair_runtime.records import Question
     from kair_runtime.runtime import build_loop
 
@@ -96,14 +96,14 @@ def ask(
         cfg = runtime_config(config, set_, backend=backend, model=model, adapter=adapter, base_url=base_url,
                              retriever=retriever, index_dir=index_dir, corpus=corpus, encoder=encoder,
                              index_format=index_format, max_steps=max_steps, top_k=top_k)
-    except (ConfigError, KeyError) as e:
+    except USER_ERRORS as e:
         typer.echo(f"config error: {e}", err=True)
         raise typer.Exit(2)
     console = Console(stderr=as_json)
     try:
         with console.status("loading model and retriever..."):
             loop = build_loop(cfg)
-    except (KeyError, ValueError, OSError, BackendError) as e:  # unknown names, bad paths, bad files
+    except (*USER_ERRORS, ValueError, OSError) as e:  # + unknown names, bad paths, bad files
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     try:

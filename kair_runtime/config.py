@@ -22,12 +22,13 @@ from typing import Any, TypeVar
 
 import yaml
 
+from kair_runtime.errors import UserError
 from kair_runtime.index import INDEX_UPDATE_RULES
 
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     pass
 
 

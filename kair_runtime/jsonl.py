@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
+from kair_runtime.errors import UserError
 
-class JsonlError(ValueError):
+
+class JsonlError(UserError, ValueError):
     pass
 
 

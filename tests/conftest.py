@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A random-init 2-layer Qwen2 chat model dir (ChatML template), built in well under a second."""
-    from kair_runtime.llm.tiny import build_tiny_chat_model
+    from train.tiny_model import build_tiny_chat_model
 
     return build_tiny_chat_model(tmp_path_factory.mktemp("tiny_qwen2"), family="qwen2")
 
@@ -48,7 +48,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     """The same with a Llama architecture and the Llama 3 chat template."""
-    from kair_runtime.llm.tiny import build_tiny_chat_model
+    from train.tiny_model import build_tiny_chat_model
 
     return build_tiny_chat_model(tmp_path_factory.mktemp("tiny_llama"), family="llama")
 

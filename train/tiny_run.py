@@ -3,7 +3,7 @@ KAIR-shaped SFT data, both made locally in a second or two.
 
     python -m train.tiny_run runs/tiny && python -m train.sft --config configs/train/tiny-cpu.yaml
 
-writes `runs/tiny/model` (kair_runtime.llm.tiny, Qwen2 layout by default) and `runs/tiny/sft`, a
+writes `runs/tiny/model` (train/tiny_model.py, Qwen2 layout by default) and `runs/tiny/sft`, a
 DatasetDict (train from the demo train questions, validation from the dev ones) plus the same rows
 as `sft_train.jsonl` / `sft_validation.jsonl`. The examples are silver trajectories built from the
 demo questions' gold chains, rendered with the runtime's own prompts and output layout: step 1
@@ -79,7 +79,7 @@ def write_demo_sft(out_dir: str | Path, index_format: str = "kr") -> Path:
 
 
 def prepare(out_dir: str | Path, family: str = "qwen2") -> dict[str, Path]:
-    from kair_runtime.llm.tiny import build_tiny_chat_model
+    from train.tiny_model import build_tiny_chat_model
 
     root = Path(out_dir)
     return {"model": build_tiny_chat_model(root / "model", family=family), "sft": write_demo_sft(root / "sft")}

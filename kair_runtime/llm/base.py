@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from kair_runtime.errors import UserError
 from kair_runtime.records import Message
 
 
@@ -55,7 +56,7 @@ def auto_dtype(dtype: str, on_gpu: bool) -> str:
     return "bfloat16" if on_gpu else "float32"
 
 
-class BackendError(RuntimeError):
+class BackendError(UserError, RuntimeError):
     """A backend could not produce a completion (unreachable server, OOM, bad adapter path...)."""
 
 

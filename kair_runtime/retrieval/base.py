@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator, Protocol, runtime_checkable
 
+from kair_runtime.errors import UserError
 from kair_runtime.jsonl import BadLine, iter_jsonl
 from kair_runtime.records import Passage, ScoredPassage
 
@@ -18,7 +19,7 @@ class Retriever(Protocol):
     def search(self, queries: list[str], k: int) -> list[list[ScoredPassage]]: ...
 
 
-class CorpusError(ValueError):
+class CorpusError(UserError, ValueError):
     pass
 
 

@@ -16,13 +16,15 @@ from typing import Annotated, Optional
 
 import typer
 
-index_app = typer.Typer(help="Build and serve retrieval indexes.", no_args_is_help=True)
+from kair_runtime.errors import USER_ERRORS
 
-# What a user can fix by changing the input; anything else is a bug and keeps its traceback.
-_USER_ERRORS = (ValueError, KeyError, FileNotFoundError)
+index_app = typer.Typer(help="Build and serve retrieval indexes.", no_args_is_help=True)
 
 
 def _fail(e: Exception) -> None:
+    # Both commands also catch any ValueError: an option the index kind does not take, a bad faiss
+    # --index-factory or --shard-size, and an encoder that does not fit the index are ValueErrors
+    # (tests/kair_runtime/retrieval/test_retrieval_cli.py: "do not apply to a bm25 index").
     message = e.args[0] if isinstance(e, KeyError) and e.args else e
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
@@ -50,7 +52,7 @@ def build(
     try:
         path = build_index(corpus, out, retriever, encoder=encoder, index_factory=index_factory,
                            batch_size=batch_size, device=device, shard_size=shard_size, keep_shards=keep_shards)
-    except _USER_ERRORS as e:
+    except (*USER_ERRORS, ValueError) as e:
         _fail(e)
     typer.echo(json.dumps(describe(Manifest.read(path)), indent=2))
     typer.echo(f"index written to {path}")
@@ -71,7 +73,7 @@ def serve(
 
     try:
         retriever = open_index(index, encoder=encoder, nprobe=nprobe, device=device)
-    except _USER_ERRORS as e:
+    except (*USER_ERRORS, ValueError) as e:
         _fail(e)
     typer.echo(f"serving {retriever.name} index {index} on http://{host}:{port}/search (Ctrl-C stops)")
     serve_retriever(retriever, host, port)

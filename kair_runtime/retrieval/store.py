@@ -20,6 +20,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from kair_runtime.errors import UserError
 from kair_runtime.jsonl import atomic_write, atomic_write_text
 from kair_runtime.records import Passage
 from kair_runtime.retrieval.base import CorpusError
@@ -30,7 +31,7 @@ OFFSETS = "passages.offsets.npy"
 MANIFEST_VERSION = 1
 
 
-class IndexDirError(ValueError):
+class IndexDirError(UserError, ValueError):
     pass
 
 

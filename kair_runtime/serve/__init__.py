@@ -1,6 +1,8 @@
 """`kair serve`: the KAIR loop behind an HTTP API, with continuous batching and a live demo page.
 
     app.py        the FastAPI app: /v1/answer, /v1/answer/stream (SSE), /healthz, /v1/info, /
+    service.py    the service behind the routes: loading, request limits, one request's job
+    bodies.py     the request model and the JSON bodies and SSE events the routes send
     scheduler.py  the worker thread that batches concurrent requests into loop rounds
     body_limit.py the ASGI middleware that refuses request bodies over server.max_body_bytes
     config.py     ServeConfig: a runtime config plus a `server` section

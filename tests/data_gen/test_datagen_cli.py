@@ -12,14 +12,15 @@ from typer.testing import CliRunner
 from data_gen.cli import datagen_app
 from data_gen.filter import FilterConfig
 from data_gen.quality import QualityConfig
-from data_gen.sft import SFTConfig
+from data_gen.sft import SFTDataConfig
 from data_gen.silver import SilverConfig
 from data_gen.teacher import GenerateConfig
 from kair_runtime.config import from_dict, read_yaml
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "datagen"
 COMMAND_OF = {"teacher": ("generate", GenerateConfig), "filter": ("filter", FilterConfig),
-              "sft": ("to-sft", SFTConfig), "silver": ("silver", SilverConfig), "quality": ("quality", QualityConfig)}
+              "sft": ("to-sft", SFTDataConfig), "silver": ("silver", SilverConfig),
+              "quality": ("quality", QualityConfig)}
 
 
 def invoke(*args: str):

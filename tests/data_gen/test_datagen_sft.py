@@ -9,7 +9,7 @@ import json
 import pytest
 
 from data_gen.filter import FilterConfig, run_filter
-from data_gen.sft import SFTConfig, SFTError, build_sft, canonical_output, check_recorded, rebuild_prompts
+from data_gen.sft import SFTDataConfig, SFTError, build_sft, canonical_output, check_recorded, rebuild_prompts
 from data_gen.store import read_trajectories, source_key
 from data_gen.teacher import GenerateConfig, SamplingGrid, generate
 from kair_runtime.config import LLMConfig, LoopConfig, RuntimeConfig
@@ -35,9 +35,9 @@ def kept_dir(tmp_path_factory, specs, questions, bm25, oracle):
     return root / "kept", messy
 
 
-def sft_cfg(kept, out, **kw) -> SFTConfig:
-    return SFTConfig(runtime=RuntimeConfig(loop=dataclasses.replace(LOOP)), trajectories=str(kept), out_dir=str(out),
-                     validation_fraction=0.2, **kw)
+def sft_cfg(kept, out, **kw) -> SFTDataConfig:
+    return SFTDataConfig(runtime=RuntimeConfig(loop=dataclasses.replace(LOOP)), trajectories=str(kept),
+                         out_dir=str(out), validation_fraction=0.2, **kw)
 
 
 def examples_by_trajectory(out) -> dict[str, list[dict]]:

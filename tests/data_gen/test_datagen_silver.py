@@ -9,7 +9,7 @@ import pytest
 
 from data_gen.filter import FilterConfig, run_filter
 from data_gen.quality import summarize_quality
-from data_gen.sft import SFTConfig, build_sft, check_recorded
+from data_gen.sft import SFTDataConfig, build_sft, check_recorded
 from data_gen.silver import GoldDocs, SilverConfig, musique_chain, silver, silver_counts
 from data_gen.store import DataSpec, closed_corpus, load_questions, read_trajectories
 from eval.metrics import normalize_answer
@@ -156,6 +156,7 @@ def test_silver_quality_and_sft(kr, tmp_path):
     assert rows["hotpotqa"]["triple_recall"] is None  # no gold triples
     assert all(r["entity_recall"] >= 0.8 and r["mean_answer_step"] >= 1 for r in rows.values())
     run_filter(FilterConfig(trajectories=cfg.out_dir, out_dir=str(tmp_path / "kept")))
-    stats = build_sft(SFTConfig(runtime=cfg.runtime, trajectories=str(tmp_path / "kept"), out_dir=str(tmp_path / "sft")))
+    stats = build_sft(SFTDataConfig(runtime=cfg.runtime, trajectories=str(tmp_path / "kept"),
+                                    out_dir=str(tmp_path / "sft")))
     assert stats["sources"] == {"annotations": sum(1 for t in traces if t.extra["complete"])}
     assert not stats["skipped_not_reproducible"]

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from data_gen.filter import FilterConfig, run_filter
-from data_gen.sft import SFTConfig, build_sft
+from data_gen.sft import SFTDataConfig, build_sft
 from data_gen.store import DataSpec, read_trajectories
 from data_gen.teacher import GenerateConfig, SamplingGrid, generate
 from kair_runtime.config import LLMConfig, LoopConfig, RuntimeConfig
@@ -45,8 +45,8 @@ def test_trl_trains_a_step_on_the_sft_dataset(tmp_path, specs, bm25, oracle, tin
                             sampling=SamplingGrid([0.0]), out_dir=str(tmp_path / "teacher")),
              llm=oracle(), retriever=bm25, progress=False)
     run_filter(FilterConfig(trajectories=str(tmp_path / "teacher"), out_dir=str(tmp_path / "kept")))
-    build_sft(SFTConfig(runtime=RuntimeConfig(loop=LoopConfig(**SHORT)), trajectories=str(tmp_path / "kept"),
-                        out_dir=str(tmp_path / "sft"), validation_fraction=0.2))
+    build_sft(SFTDataConfig(runtime=RuntimeConfig(loop=LoopConfig(**SHORT)), trajectories=str(tmp_path / "kept"),
+                            out_dir=str(tmp_path / "sft"), validation_fraction=0.2))
     ds = load_from_disk(str(tmp_path / "sft" / "dataset"))
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)

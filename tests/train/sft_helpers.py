@@ -25,7 +25,7 @@ def model_with_real_template(out_dir: Path, family: str, pad_is_eos: bool = Fals
     Llama-3 setup `tokenizer.pad_token = tokenizer.eos_token`."""
     from transformers import AutoTokenizer
 
-    from kair_runtime.llm.tiny import build_tiny_chat_model
+    from train.tiny_model import build_tiny_chat_model
 
     out = build_tiny_chat_model(out_dir, family=family)
     tok = AutoTokenizer.from_pretrained(out)

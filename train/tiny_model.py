@@ -1,14 +1,18 @@
 """A tiny random-init chat model, built locally in well under a second.
 
-Tests and CPU smoke runs need a real transformers causal LM with a real tokenizer and chat
-template, but nothing that takes minutes to load or comes from the network. This writes one:
-a 2-layer Qwen2 or Llama with a small hidden size, and a byte-level BPE tokenizer trained on a
-short built-in text, saved as an ordinary HF model directory.
+    python -m train.tiny_model OUT_DIR [--family llama]
+
+or from Python:
 
     path = build_tiny_chat_model("/tmp/tiny", family="qwen2")
     model = AutoModelForCausalLM.from_pretrained(path)
 
-or from a shell: `python -m kair_runtime.llm.tiny OUT_DIR [--family llama]`.
+Tests and CPU smoke runs need a real transformers causal LM with a real tokenizer and chat
+template, but nothing that takes minutes to load or comes from the network. This writes one:
+a 2-layer Qwen2 or Llama with a small hidden size, and a byte-level BPE tokenizer trained on a
+short built-in text, saved as an ordinary HF model directory. It is not a backend, so it lives
+here beside the tiny training run (train/tiny_run.py), not in kair_runtime; the tests and the
+benches import it from here.
 
 Its outputs are random text, but they are deterministic (fixed seed), so it is good for checking
 batching, padding, token counting, adapters and training loops. Both chat templates mark the

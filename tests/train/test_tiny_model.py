@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from kair_runtime.llm.tiny import build_tiny_chat_model, main
+from train.tiny_model import build_tiny_chat_model, main
 
 CHAT = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Who built it?"},
         {"role": "assistant", "content": "Two brothers."}]
