@@ -127,12 +127,12 @@ def test_g2_silver_on_benchmark_samples(tmp_path):
 
 def observe_g3(root: Path, silver_kr: Path) -> dict[str, object]:
     from data_gen.filter import FilterConfig, run_filter
-    from data_gen.sft import SFTConfig, build_sft
+    from data_gen.sft import SFTDataConfig, build_sft
     from kair_runtime.config import RetrieverConfig, RuntimeConfig
     from kair_runtime.prompts import PromptSet
 
     report = run_filter(FilterConfig(trajectories=str(silver_kr), out_dir=str(root / "filtered")))
-    stats = build_sft(SFTConfig(runtime=RuntimeConfig(retriever=RetrieverConfig(kind="bm25"), loop=demo_loop("kr")),
+    stats = build_sft(SFTDataConfig(runtime=RuntimeConfig(retriever=RetrieverConfig(kind="bm25"), loop=demo_loop("kr")),
                                 trajectories=str(root / "filtered"), out_dir=str(root / "sft")))
     return {"kept": report["kept"], "reasons": report["reasons"],
             "train": sha256_file(root / "sft" / "train.jsonl"),
