@@ -24,6 +24,7 @@ from data_gen.sft import SFTDataConfig, build_sft
 from data_gen.silver import SilverConfig, silver, silver_counts
 from data_gen.store import read_trajectories
 from data_gen.teacher import GenerateConfig, generate
+from eval.specs import TrainSet, dataset_entries
 from kair_runtime.config import ConfigError, apply_overrides, from_dict, read_yaml
 from kair_runtime.errors import USER_ERRORS
 
@@ -52,14 +53,8 @@ def load(cls: type[T], config: str | None, overrides: list[str], flags: dict[str
 
 
 def datasets_flag(arg: str | None) -> list[dict] | None:
-    """`hotpotqa:train,musique` -> dataset specs (split "train" when not given)."""
-    if arg is None:
-        return None
-    specs = []
-    for item in arg.split(","):
-        name, _, split = item.strip().partition(":")
-        specs.append({"name": name, "split": split or "train"})
-    return specs
+    """`hotpotqa:train,musique,2wiki:data/x.json` -> dataset entries (split "train" when not given)."""
+    return None if arg is None else dataset_entries(arg, TrainSet)
 
 
 def _fail(e: Exception) -> None:
@@ -77,7 +72,7 @@ def generate_cmd(
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output folder (default runs/datagen/teacher)."),
     shard: Optional[int] = typer.Option(None, help="This machine's shard, 0-based."),
     num_shards: Optional[int] = typer.Option(None, help="How many machines split the questions."),
-    datasets: Optional[str] = typer.Option(None, help="Comma-separated NAME[:SPLIT] training sets."),
+    datasets: Optional[str] = typer.Option(None, help="Comma-separated NAME[:SPLIT|:FILE] training sets."),
     limit: Optional[int] = typer.Option(None, help="The first N questions of every training set."),
     progress: bool = typer.Option(True, help="Show the progress bar."),
     retry_failed: bool = typer.Option(False, "--retry-failed",
@@ -153,7 +148,7 @@ def silver_cmd(
     config: Optional[str] = CONFIG,
     set_: list[str] = SET,
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output folder (default runs/datagen/silver)."),
-    datasets: Optional[str] = typer.Option(None, help="Comma-separated NAME[:SPLIT], e.g. musique,2wiki:dev"),
+    datasets: Optional[str] = typer.Option(None, help="Comma-separated NAME[:SPLIT|:FILE], e.g. musique,2wiki:dev"),
     limit: Optional[int] = typer.Option(None, help="The first N questions of every dataset."),
     index_format: Optional[str] = typer.Option(None, help="kr | text | keywords | facts | kf | none"),
 ) -> None:

@@ -45,10 +45,12 @@ import typer
 import yaml
 
 from data_gen.chains import with_passages
+from eval.specs import DatasetSpec, TrainSet
 from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig, apply_overrides, \
     from_dict, read_yaml, to_dict
 from kair_runtime.jsonl import atomic_write_text
 from kair_runtime.records import Question, Trace
+from kair_runtime.rundir import claim
 
 QUESTIONS_FILE = "demo_questions.jsonl"
 CORPUS_FILE = "demo_corpus.jsonl"
@@ -90,13 +92,23 @@ EVAL_RUNS: dict[str, tuple[str, str, bool]] = {"prompted-kair": ("prompted", "ka
                                                "tuned-kair": ("tuned", "kair", True)}
 
 
+def _dev_sets() -> list[DatasetSpec | str]:
+    # A 2Wiki dev question's own paragraphs are a small corpus; the benchmark folder also ships the
+    # paragraphs of a 1,000-question dev sample, which the closed corpus of 2Wiki dev includes.
+    return ["hotpotqa:dev", "musique:dev",
+            DatasetSpec("2wikimultihopqa", "dev", extra_corpus=["2wikimultihopqa/corpus_6119.json"])]
+
+
 @dataclass
 class DemoConfig:
     runtime: RuntimeConfig = field(default_factory=_smoke_runtime)  # llm.model is the student
     out_dir: str = "runs/demo"
     data_dir: str | None = None  # None: the embedded demo; else a demo-layout or benchmark folder
-    train_sets: list[str] = field(default_factory=lambda: ["hotpotqa:train", "musique:train"])  # benchmark only
-    dev_sets: list[str] = field(default_factory=lambda: ["hotpotqa:dev", "musique:dev", "2wikimultihopqa:dev"])
+    # With a benchmark folder only: `name:split` strings or eval.specs mappings ({name, split, path, limit,
+    # extra_corpus}); a split's file and relative extra_corpus paths are under data_dir. A string
+    # naming the set of a mapping below takes its settings (2Wiki dev: its extra paragraphs).
+    train_sets: list[TrainSet | str] = field(default_factory=lambda: ["hotpotqa:train", "musique:train"])
+    dev_sets: list[DatasetSpec | str] = field(default_factory=_dev_sets)
     teacher: LLMConfig | None = None  # an LLM whose KAIR trajectories join the silver ones
     min_f1: float = 1.0  # answer F1 a trajectory needs to become training data
     train: TrainSettings = field(default_factory=TrainSettings)
@@ -118,11 +130,6 @@ class QuestionSet:
     questions: list[Question]
     corpus: Path
     gold: dict[str, set[str]]
-
-
-# A 2Wiki dev question's own paragraphs are a small corpus; the benchmark folder also ships the
-# paragraphs of a 1,000-question dev sample, which our closed corpus for it includes.
-EXTRA_CORPUS = {"2wikimultihopqa": ["2wikimultihopqa/corpus_6119.json"]}
 
 
 def is_benchmark_dir(data_dir: str | None) -> bool:
@@ -153,17 +160,32 @@ def demo_sets(cfg: DemoConfig) -> tuple[QuestionSet, list[QuestionSet]]:
             [QuestionSet("demo-dev", dev, corpus, gold(dev))])
 
 
-def _name_split(item: str) -> tuple[str, str]:
-    name, sep, split = item.partition(":")
-    if not sep or not name or not split:
-        raise ConfigError(f"dataset {item!r} must look like name:split (e.g. musique:dev)")
-    return name, split
+def benchmark_specs(items: list[DatasetSpec | str], cls: type[DatasetSpec], root: Path) -> list[DatasetSpec]:
+    """train_sets or dev_sets as specs of the files they read: a `name:split` string (both parts
+    required; the default entry of that set, if DemoConfig has one, gives its other settings) or a
+    mapping; a split is read from root's copy of the shared data layout, and relative
+    extra_corpus paths are under root."""
+    defaults = [d for f in ("train_sets", "dev_sets") for d in getattr(DemoConfig(), f) if isinstance(d, DatasetSpec)]
+    specs = []
+    for item in items:
+        spec = item
+        if isinstance(item, str):
+            spec = cls.from_arg(item, strict=True)
+            spec = next((d for d in defaults if (d.name, d.split, d.path) == (spec.name, spec.split, spec.path)), spec)
+        if spec.corpus or spec.corpus_from:
+            raise ConfigError(f"{spec.name}: the demo builds each set's closed corpus from its own file; corpus "
+                              "and corpus_from are `kair eval` settings (add paragraph files with extra_corpus)")
+        path = Path(spec.path) if spec.path else benchmark_file(root, spec.name, spec.split)
+        specs.append(dataclasses.replace(spec, path=str(path), extra_corpus=[str(root / e) for e in spec.extra_corpus]))
+    return specs
 
 
 def benchmark_file(root: Path, name: str, split: str) -> Path:
-    from eval.datasets import get_spec
+    """root's copy of a split (eval.datasets.default_path, under root instead of the shared data dir)."""
+    from eval.datasets import SPLIT_ALIASES, get_spec
 
     spec = get_spec(name)
+    split = SPLIT_ALIASES.get(split, split)
     if split not in spec.files:
         raise ConfigError(f"{name} has no local {split!r} split (has: {sorted(spec.files)})")
     path = root / spec.files[split]
@@ -177,32 +199,35 @@ def benchmark_sets(cfg: DemoConfig, out: Path) -> tuple[QuestionSet, list[Questi
     set gets the closed corpus of its split (every question's paragraphs, not only dev_limit's).
     With `runtime.retriever.index_dir` every set retrieves from that prebuilt index instead, and
     its passages are the corpus gold ids map into."""
-    from data_gen.store import DataSpec, load_questions
-    from eval.corpus import cached_corpus
+    from data_gen.store import load_questions
+    from eval.corpus import corpus_for
+    from eval.datasets import load_dataset
     from eval.run import gold_ids_for
     from kair_runtime.retrieval.store import PASSAGES
 
     root = Path(cfg.data_dir)
     index = cfg.runtime.retriever.index_dir
 
-    def corpus_of(label: str, files: list[tuple[str, Path]], extra: list[Path]) -> Path:
+    def corpus_of(label: str, specs: list[DatasetSpec]) -> Path:
         if index:
             return Path(index) / PASSAGES
         # Built once and reused only while its sources are unchanged: a resumed run must
-        # retrieve from the same passages.
-        return cached_corpus([(n, str(f)) for n, f in files], extra, out / "corpora" / f"{label}.jsonl")
+        # retrieve from the same passages. The specs read files, so the sources are named by file.
+        missing = [e for s in specs for e in s.extra_corpus if not Path(e).is_file()]
+        if missing:
+            raise ConfigError(f"--data {root}: {', '.join(missing)} not found (the extra_corpus of {label}; "
+                              "give that set as a mapping without it to leave it out)")
+        return corpus_for(specs, out / "corpora" / f"{label}.jsonl")
 
-    train_files = [(n, benchmark_file(root, n, s)) for n, s in map(_name_split, cfg.train_sets)]
-    train_qs = load_questions([DataSpec(n, path=str(f)) for n, f in train_files])
-    train_corpus = corpus_of("train", train_files, [])
+    train_specs = benchmark_specs(cfg.train_sets, TrainSet, root)
+    train_qs = load_questions([dataclasses.replace(s, extra_corpus=[]) for s in train_specs])
+    train_corpus = corpus_of("train", train_specs)
     train = QuestionSet("train", train_qs, train_corpus, {})
     dev = []
-    for name, split in map(_name_split, cfg.dev_sets):
-        file = benchmark_file(root, name, split)
-        extra = [root / e for e in EXTRA_CORPUS.get(name, []) if (root / e).is_file()]
-        corpus = corpus_of(f"{name}-{split}", [(name, file)], extra)
-        qs = load_questions([DataSpec(name, split=split, path=str(file), limit=cfg.dev_limit)])
-        dev.append(QuestionSet(name, qs, corpus, gold_ids_for(qs, corpus)))
+    for spec in benchmark_specs(cfg.dev_sets, DatasetSpec, root):
+        corpus = corpus_of(f"{spec.name}-{spec.split}", [spec])
+        qs = list(load_dataset(spec.name, path=spec.path, limit=spec.capped(cfg.dev_limit)))
+        dev.append(QuestionSet(spec.name, qs, corpus, gold_ids_for(qs, corpus)))
     if not train_qs or not any(d.questions for d in dev):
         raise ConfigError(f"--data {root}: no train or no dev questions")
     return train, dev
@@ -536,23 +561,8 @@ TRACE_NEUTRAL = ("out_dir", "dev_limit", "dev_sets", "eval_runs", "runtime.llm.b
 def claim_traces(cfg: DemoConfig, out: Path) -> None:
     """OUT/traces/ belongs to the settings that made it: resuming them under another loop, model or
     training setting would mix two runs in one table, so that is an error, not a resume."""
-    path = out / "traces" / "settings.yaml"
-    settings = to_dict(cfg)
-    if not path.exists():
-        atomic_write_text(path, yaml.safe_dump(settings, sort_keys=False))
-        return
-    old = yaml.safe_load(path.read_text(encoding="utf-8"))
-    changed = sorted(k for k in _changed_keys(old, settings)
-                     if not any(k == n or k.startswith(n + ".") for n in TRACE_NEUTRAL))
-    if changed:
-        raise ConfigError(f"{out / 'traces'} holds traces made with other settings (differs in: {', '.join(changed)}); "
-                          "use another --out, or delete that folder to regenerate them")
-
-
-def _changed_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [k for key in set(a) | set(b) for k in _changed_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
-    return [] if a == b else [prefix.rstrip(".")]
+    claim(out / "traces", to_dict(cfg), DemoConfig, file="settings.yaml", neutral=TRACE_NEUTRAL,
+          holds="traces made with other settings", hint="use another --out, or delete that folder to regenerate them")
 
 
 def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:

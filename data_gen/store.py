@@ -15,40 +15,33 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
-
+from eval.specs import TrainSet
 from kair_runtime.config import ConfigError
-from kair_runtime.jsonl import JsonlError, atomic_write_text, decode_line
+from kair_runtime.jsonl import JsonlError, decode_line
 from kair_runtime.records import Question, Trace
 
 TRAJECTORY_DIR = "trajectories"
 
 
-@dataclass
-class DataSpec:
-    """One training set: an eval loader name and a split of the shared data (or a file)."""
-
-    name: str  # hotpotqa | musique | 2wikimultihopqa | ... (eval.datasets)
-    split: str = "train"
-    path: str | None = None  # a file in the benchmark's schema; None: the shared data's split
-    limit: int | None = None  # the first N questions
-
-    @property
-    def source(self) -> str:
-        """What eval.corpus.load_source takes: the split, or the file."""
-        return self.path or self.split
+# The training-set spec of every data_gen config (eval.specs.TrainSet: the one dataset-spec type,
+# train split by default), under the name data_gen's callers use.
+DataSpec = TrainSet
 
 
-def load_questions(specs: list[DataSpec]) -> list[Question]:
+def load_questions(specs: list[TrainSet]) -> list[Question]:
     """Every spec's questions, in order; one id in two specs is an error (keys would collide)."""
     from eval.datasets import load_dataset
 
     if not specs:
         raise ConfigError("no datasets: set `datasets` (e.g. [{name: hotpotqa, split: train}])")
+    for i, spec in enumerate(specs):
+        if spec.corpus or spec.corpus_from or spec.extra_corpus:
+            # One corpus serves every training set here; a per-set one would be silently unused.
+            raise ConfigError(f"datasets[{i}] ({spec.name}) sets corpus, corpus_from or extra_corpus, which only "
+                              "`kair eval` reads per dataset; set the top-level `corpus` or `extra_corpus`")
     out: list[Question] = []
     where: dict[str, str] = {}
     for spec in specs:
@@ -61,14 +54,14 @@ def load_questions(specs: list[DataSpec]) -> list[Question]:
     return out
 
 
-def closed_corpus(specs: list[DataSpec], extra: list[str], out: Path) -> Path:
+def closed_corpus(specs: list[TrainSet], extra: list[str], out: Path) -> Path:
     """The union of the specs' own paragraphs (every question of each split, not only the
     `limit` ones, so shards and reruns retrieve from the same corpus), built once (atomically,
     so machines sharing OUT never read a half-written file) and reused while its sources are
-    unchanged (eval.corpus.cached_corpus)."""
-    from eval.corpus import cached_corpus
+    unchanged (eval.corpus.corpus_for)."""
+    from eval.corpus import corpus_for
 
-    return cached_corpus([(s.name, s.source) for s in specs], extra, out)
+    return corpus_for(specs, out, extra)
 
 
 def without_context(q: Question) -> Question:
@@ -156,16 +149,3 @@ def _records(file: Path) -> Iterable[tuple[str, dict[str, Any]]]:
             raise JsonlError(f"{file}:{i}: expected a JSON object, got {type(rec).__name__}")
         yield f"{file}:{i}", rec
 
-
-def claim_dir(out_dir: Path, resolved: dict[str, Any], name: str = "config.yaml") -> None:
-    """An output folder belongs to one config: resuming with another would mix trajectories."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / name
-    if path.exists():
-        old = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        if old != resolved:
-            changed = sorted(k for k in set(old) | set(resolved) if old.get(k) != resolved.get(k))
-            raise ConfigError(f"{out_dir} holds a run with a different config (differs in: {', '.join(changed)}); "
-                              f"use another out_dir or delete the folder")
-        return
-    atomic_write_text(path, yaml.safe_dump(resolved, sort_keys=False))

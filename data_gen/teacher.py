@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from data_gen.store import (DataSpec, claim_dir, closed_corpus, load_questions, shard_path, trajectory_key,
+from data_gen.store import (DataSpec, closed_corpus, load_questions, shard_path, trajectory_key,
                             without_context)
 from kair_runtime.config import ConfigError, RuntimeConfig, to_dict
 from kair_runtime.jsonl import JsonlWriter, recover, replace_records
@@ -36,6 +36,7 @@ from kair_runtime.llm.base import LLM
 from kair_runtime.loop import KairLoop
 from kair_runtime.records import Question, Trace
 from kair_runtime.retrieval.base import Retriever
+from kair_runtime.rundir import claim
 
 
 @dataclass
@@ -138,7 +139,7 @@ def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever |
     samples = sample_grid(cfg.sampling)
     questions = questions if questions is not None else load_questions(cfg.datasets)
     questions = [without_context(q) for q in shard_questions(questions, cfg.shard, cfg.num_shards)]
-    claim_dir(out_dir, resolved_for_claim(cfg))
+    claim(out_dir, resolved_for_claim(cfg), GenerateConfig, hint="use another out_dir or delete the folder")
     path = shard_path(out_dir, cfg.shard, cfg.num_shards)
     existing = existing_trajectories(path, questions, samples)
     failed = {key for key, ok in existing.items() if not ok}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import typer
 
 from eval.corpus import build_corpus
+from eval.specs import parse_dataset_arg
 from kair_runtime.errors import USER_ERRORS
 
 corpus_app = typer.Typer(help="Build closed retrieval corpora from benchmark paragraphs.", no_args_is_help=True)
@@ -21,12 +22,6 @@ def corpus() -> None:
     """Build closed retrieval corpora from benchmark paragraphs."""
     # A callback keeps `build` a subcommand even while it is the only one (typer would
     # otherwise collapse a one-command app into that command).
-
-
-def parse_dataset_arg(arg: str, default_split: str) -> tuple[str, str]:
-    """`musique` -> (musique, default split); `musique:train` or `musique:path/to/file.jsonl` as given."""
-    name, sep, where = arg.partition(":")
-    return name, (where if sep and where else default_split)
 
 
 @corpus_app.command("build")

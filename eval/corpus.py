@@ -20,10 +20,11 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from eval.datasets import (SPLIT_ALIASES, LoadResult, MalformedRecord, default_path, get_spec, iter_json_records,
                            load_dataset)
+from eval.specs import DatasetSpec
 from kair_runtime.jsonl import atomic_write, atomic_write_text, read_text
 from kair_runtime.records import Question
 from kair_runtime.retrieval.base import CorpusError, iter_corpus, passage_from_record
@@ -187,6 +188,28 @@ def cached_corpus(datasets: list[tuple[str, str]], extra_files: Iterable[str | P
     atomic_write_text(meta, json.dumps(fingerprint, indent=2) + "\n")
     build_corpus(datasets, extra_files=extra_files, out=out)
     return out
+
+
+def corpus_for(specs: list[DatasetSpec], out: Path | Callable[[list[tuple[str, str]]], Path],
+               extra_files: Iterable[str | Path] = ()) -> Path:
+    """The retrieval corpus of datasets, as every command gets it (eval per dataset, datagen for
+    its training sets, the demo per set): the `corpus` file a spec names, else the closed corpus
+    of the specs' sources (each one's `corpus_from`, else the file it reads) plus their
+    `extra_corpus` files and `extra_files`, built into `out` once and reused while its sources are
+    unchanged (`cached_corpus`). `out` is the corpus file, or names it from the sources.
+
+    A source is fingerprinted by the string it is named by ("name:split", or "name:FILE" for a
+    spec that reads a file), so a caller keeps naming its sources the same way or its cached
+    corpora are refused."""
+    given = [s for s in specs if s.corpus]
+    if given:
+        if len(specs) > 1:
+            raise CorpusError(f"{given[0].name} names a corpus file ({given[0].corpus}), which cannot join the "
+                              f"closed corpus of {', '.join(s.name for s in specs)}")
+        return Path(given[0].corpus)
+    pairs = [pair for s in specs for pair in s.corpus_sources()]
+    extra_files = [e for s in specs for e in s.extra_corpus] + list(extra_files)
+    return cached_corpus(pairs, extra_files, out(pairs) if callable(out) else out)
 
 
 def _content(fingerprint: dict) -> tuple:

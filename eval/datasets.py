@@ -60,7 +60,10 @@ HubRows = Callable[[str], list[dict[str, Any]]]  # split -> rows, in the schema 
 
 
 @dataclass(frozen=True)
-class DatasetSpec:
+class BenchmarkLoader:
+    """A registry entry: how one benchmark's files are found and parsed (what a config names
+    is eval.specs.DatasetSpec)."""
+
     name: str
     parse: Parser
     files: dict[str, str]  # split -> path under the shared data dir
@@ -69,7 +72,7 @@ class DatasetSpec:
     hub_schema: str | None = None  # the loader that parses the hub rows; None: this one
 
 
-DATASETS: dict[str, DatasetSpec] = {}
+DATASETS: dict[str, BenchmarkLoader] = {}
 ALIASES: dict[str, str] = {}
 SPLIT_ALIASES = {"validation": "dev", "val": "dev"}
 
@@ -77,14 +80,14 @@ SPLIT_ALIASES = {"validation": "dev", "val": "dev"}
 def register(name: str, files: dict[str, str], aliases: tuple[str, ...] = (), has_paragraphs: bool = True,
              hub: HubRows | None = None, hub_schema: str | None = None) -> Callable[[Parser], Parser]:
     def add(parse: Parser) -> Parser:
-        DATASETS[name] = DatasetSpec(name, parse, files, has_paragraphs, hub, hub_schema)
+        DATASETS[name] = BenchmarkLoader(name, parse, files, has_paragraphs, hub, hub_schema)
         for alias in aliases:
             ALIASES[alias] = name
         return parse
     return add
 
 
-def get_spec(name: str) -> DatasetSpec:
+def get_spec(name: str) -> BenchmarkLoader:
     key = ALIASES.get(name.lower(), name.lower())
     if key not in DATASETS:
         raise KeyError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS) + sorted(ALIASES)}")

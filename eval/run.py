@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-import yaml
 
 from eval.methods import METHODS, MethodSettings, build_method
 from eval.report import markdown_report, results_table, summarize, write_plots
+from eval.specs import DatasetSpec, dataset_entries
 from eval.table import Column, Table
 from kair_runtime.config import ConfigError, RuntimeConfig, apply_overrides, from_dict, read_yaml, to_dict
 from kair_runtime.errors import USER_ERRORS
@@ -41,20 +41,7 @@ from kair_runtime.jsonl import JsonlWriter, atomic_write_text, recover, replace_
 from kair_runtime.llm import AdapterSwitcher
 from kair_runtime.records import Question, ScoredPassage, Trace
 from kair_runtime.retrieval import Retriever, build_retriever
-
-
-@dataclass
-class DatasetSpec:
-    name: str  # a loader in eval.datasets: hotpotqa, musique, 2wikimultihopqa, bamboogle, flashrag
-    split: str = "dev"
-    path: str | None = None  # None: the default file for (name, split) in the shared data dir
-    corpus: str | None = None  # a jsonl corpus; None: the closed corpus built from `corpus_from`
-    corpus_from: list[str] = field(default_factory=list)  # "name:split" sources; [] = this dataset
-    extra_corpus: list[str] = field(default_factory=list)  # extra corpus files (e.g. 2Wiki corpus_6119.json)
-
-    @property
-    def label(self) -> str:
-        return self.name if self.split in ("dev", "test") else f"{self.name}-{self.split}"
+from kair_runtime.rundir import claim
 
 
 @dataclass
@@ -115,21 +102,19 @@ def load_questions(spec: DatasetSpec, cfg: EvalConfig) -> tuple[list[Question], 
     """The questions, and the malformed records skipped (only with skip_malformed; reported)."""
     from eval.datasets import load_dataset
 
-    loaded = load_dataset(spec.name, path=spec.path, split=spec.split, limit=cfg.limit, sample=cfg.sample,
+    # A dataset's own limit and the run's both cap it (check_eval_config keeps it apart from sample).
+    loaded = load_dataset(spec.name, path=spec.path, split=spec.split, limit=spec.capped(cfg.limit), sample=cfg.sample,
                           seed=cfg.seed, skip_malformed=cfg.skip_malformed)
     return list(loaded.questions), list(loaded.skipped)
 
 
 def corpus_for(spec: DatasetSpec, cache: Path) -> Path:
     """The dataset's retrieval corpus: given, or the closed corpus of its sources (by default the
-    file evaluated: `path`, else the split's), built once and reused while its sources are unchanged."""
-    from eval.corpus import cached_corpus
+    file evaluated: `path`, else the split's), built once into RUN/corpora/ (named by its sources)
+    and reused while they are unchanged."""
+    from eval.corpus import corpus_for as dataset_corpus
 
-    if spec.corpus:
-        return Path(spec.corpus)
-    sources = spec.corpus_from or [f"{spec.name}:{spec.path or spec.split}"]
-    pairs = [(name, where or "dev") for name, _, where in (s.partition(":") for s in sources)]
-    return cached_corpus(pairs, spec.extra_corpus, cache / corpus_file_name(pairs))
+    return dataset_corpus([spec], lambda pairs: cache / corpus_file_name(pairs))
 
 
 def corpus_file_name(pairs: list[tuple[str, str]]) -> str:
@@ -180,6 +165,9 @@ def check_eval_config(cfg: EvalConfig) -> None:
         raise ConfigError(f"baselines.vanilla_top_k must be >= 1, got {cfg.baselines.vanilla_top_k}")
     for i, spec in enumerate(cfg.datasets):
         get_spec(spec.name)  # an unknown name fails here, before anything is written
+        if spec.limit is not None and (spec.limit < 1 or cfg.sample is not None):
+            raise ConfigError(f"datasets[{i}] ({spec.name}): limit must be >= 1 and cannot go with sample, "
+                              f"got limit {spec.limit}, sample {cfg.sample}")
         if cfg.runtime.retriever.index_dir and (spec.corpus or spec.corpus_from or spec.extra_corpus):
             raise ConfigError(f"datasets[{i}] ({spec.name}) sets a corpus, and runtime.retriever.index_dir "
                               f"names an index to retrieve from; set one of the two")
@@ -294,17 +282,7 @@ def gold_ids_for(questions: list[Question], corpus: Path) -> dict[str, set[str]]
 
 def _claim_run_dir(run_dir: Path, cfg: EvalConfig) -> None:
     """A run dir belongs to one config: resuming with a different one would mix results."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "config.yaml"
-    resolved = to_dict(cfg)
-    if path.exists():
-        old = yaml.safe_load(path.read_text(encoding="utf-8"))
-        if old != resolved:
-            changed = sorted(k for k in set(old) | set(resolved) if old.get(k) != resolved.get(k))
-            raise ConfigError(f"{run_dir} holds a run with a different config (differs in: {', '.join(changed)}); "
-                              "use another --run-name or delete the folder")
-    else:
-        atomic_write_text(path, yaml.safe_dump(resolved, sort_keys=False))
+    claim(run_dir, to_dict(cfg), EvalConfig, hint="use another --run-name or delete the folder")
 
 
 def write_reports(rows: list[dict], run_dir: Path) -> None:
@@ -346,7 +324,8 @@ def main(
     model: Optional[str] = typer.Option(None, help="Base model (hub name or path)."),
     adapter: Optional[str] = typer.Option(None, help="A LoRA adapter or checkpoint dir."),
     checkpoints: Optional[str] = typer.Option(None, help="Evaluate every checkpoint-* under this dir."),
-    datasets: Optional[str] = typer.Option(None, help="Comma-separated dataset names (dev splits)."),
+    datasets: Optional[str] = typer.Option(None, help="Comma-separated NAME[:SPLIT|:FILE] (the dev split by default); "
+                                                  "a bare name keeps the config's entry of that name."),
     methods: Optional[str] = typer.Option(None, help=f"Comma-separated: {', '.join(METHODS)}"),
     limit: Optional[int] = typer.Option(None, help="First N questions per dataset."),
     run_name: Optional[str] = typer.Option(None, help="Run folder name under out_dir."),
@@ -395,8 +374,7 @@ def load_eval_config(path: str, overrides: list[str], **flags) -> EvalConfig:
     if flags.get("adapter"):
         data.setdefault("runtime", {}).setdefault("llm", {})["adapter"] = flags["adapter"]
     if flags.get("datasets"):
-        known = {d.get("name"): d for d in data.get("datasets", [])}
-        data["datasets"] = [known.get(n, {"name": n}) for n in flags["datasets"].split(",")]
+        data["datasets"] = dataset_entries(flags["datasets"], DatasetSpec, data.get("datasets", []))
     if flags.get("methods"):
         data["methods"] = flags["methods"].split(",")
     for key in ("checkpoints", "limit", "run_name", "out_dir"):

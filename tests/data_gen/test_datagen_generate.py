@@ -82,6 +82,20 @@ def test_resuming_with_another_config_is_refused(tmp_path, specs, bm25, oracle):
         generate(make_cfg(tmp_path, specs, shard=2, num_shards=2), llm=oracle(), retriever=bm25, progress=False)
 
 
+def test_a_folder_claimed_before_the_spec_had_corpus_keys_resumes(tmp_path, specs, bm25, oracle):
+    """OUT/config.yaml written when a training set had only name, split, path and limit: the keys
+    the one dataset-spec type added hold their defaults, so the folder is still this config's."""
+    cfg = make_cfg(tmp_path, specs)
+    generate(cfg, llm=oracle(), retriever=bm25, progress=False)
+    path = tmp_path / "teacher" / "config.yaml"
+    old = yaml.safe_load(path.read_text())
+    for spec in old["datasets"]:
+        del spec["corpus"], spec["corpus_from"], spec["extra_corpus"]
+    path.write_text(yaml.safe_dump(old, sort_keys=False))
+    again = generate(cfg, llm=oracle(), retriever=bm25, progress=False)
+    assert (again.existing, again.written) == (30, 0)
+
+
 def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path, shared_data):
     """The real CLI in a subprocess (scripted backend, BM25), killed mid-run, then rerun."""
     out = tmp_path / "run"

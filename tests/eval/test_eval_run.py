@@ -72,6 +72,32 @@ def test_a_run_folder_refuses_a_different_config(tmp_path):
         run_eval(config(methods=["vanilla"], datasets=[DatasetSpec("musique")], limit=3), tmp_path / "r", progress=False)
 
 
+def test_a_run_folder_claimed_before_datasets_had_a_limit_resumes(tmp_path):
+    """RUN/config.yaml written when a dataset entry had no `limit`: it holds its default (None)
+    now, so the folder is still this config's; a limit set now is a difference."""
+    import yaml
+
+    cfg = config(methods=["vanilla"], datasets=[DatasetSpec("musique")], limit=2)
+    run_eval(cfg, tmp_path / "r", progress=False)
+    path = tmp_path / "r" / "config.yaml"
+    old = yaml.safe_load(path.read_text())
+    del old["datasets"][0]["limit"]
+    path.write_text(yaml.safe_dump(old, sort_keys=False))
+    assert run_eval(cfg, tmp_path / "r", progress=False)[0]["summary"]["n"] == 2
+    with pytest.raises(ConfigError, match=r"differs in: datasets\)"):
+        run_eval(config(methods=["vanilla"], datasets=[DatasetSpec("musique", limit=1)], limit=2), tmp_path / "r",
+                 progress=False)
+
+
+def test_an_empty_config_file_in_a_run_folder_is_refused_not_a_crash(tmp_path):
+    """An empty RUN/config.yaml records no config: the claim names every setting (it was a
+    TypeError from comparing with None)."""
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.yaml").write_text("")
+    with pytest.raises(ConfigError, match=r"different config \(differs in: baselines, checkpoints, .*, runtime, sample"):
+        run_eval(config(methods=["vanilla"], datasets=[DatasetSpec("musique")], limit=2), tmp_path / "r", progress=False)
+
+
 def test_shuffle_seeds_report_mean_and_sigma(tmp_path):
     cfg = config(methods=["kair"], datasets=[DatasetSpec("musique")], limit=3)
     cfg.robustness.shuffle_seeds = [1, 2]
