@@ -42,7 +42,7 @@ def _install_project(session: nox.Session, extras: str, *with_it: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The main suite."""
-    _install_project(session, "dev,serve")
+    _install_project(session, "dev,serve,structured")
     session.run("python", "-m", "pytest", "-q", "-m", "not vllm and not distributed", *session.posargs, env=OFFLINE)
 
 

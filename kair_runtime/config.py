@@ -108,12 +108,28 @@ class LoopConfig:
     system_prompt: str | None = None
     answer_mode: str = "answer"  # answer (docs + index) | answer_docs | answer_index
     round_size: int = 64  # questions advanced together per round (bounds memory)
+    # Structured decoding: each step's output is constrained to the index format's layout and the
+    # answer to a short answer (kair_runtime/grammar.py), with these bounds on what may repeat.
+    # hf backend only for now (the others refuse it).
+    structured: bool = False
+    max_index_entries: int = 8  # items per index section
+    max_entry_words: int = 12  # words per item part (keyword, fact, relation head...)
+    max_reasoning_words: int = 60
+    max_query_words: int = 16
+    max_answer_words: int = 12
+    max_word_chars: int = 16  # letters or digits in a word between its joiners (- ' . &)
 
     def validate(self, where: str = "loop") -> None:
         check_ranges(self, LOOP_RANGES, where)
         if self.index_update not in INDEX_UPDATE_RULES:
             raise ConfigError(f"{_dotted(where, 'index_update')}={self.index_update!r} is not one of "
                               f"{', '.join(INDEX_UPDATE_RULES)}")
+        if not isinstance(self.structured, bool):
+            raise ConfigError(f"{_dotted(where, 'structured')}={self.structured!r} must be true or false")
+        if self.structured and self.no_repeat_ngram:
+            # Both mask tokens: the ban can forbid the only token the grammar allows.
+            raise ConfigError(f"{_dotted(where, 'structured')}: set {_dotted(where, 'no_repeat_ngram')}=0; "
+                              "the grammar's bounds end repetition loops")
 
 
 @dataclass
@@ -181,6 +197,8 @@ LOOP_RANGES: dict[str, Range] = {
     "max_steps": AT_LEAST_1, "top_k": AT_LEAST_1, "step_max_tokens": AT_LEAST_1, "answer_max_tokens": AT_LEAST_1,
     "temperature": NON_NEGATIVE, "top_p": SHARE, "seed": NON_NEGATIVE, "max_passage_words": AT_LEAST_1,
     "no_repeat_ngram": NON_NEGATIVE, "round_size": AT_LEAST_1,
+    "max_index_entries": AT_LEAST_1, "max_entry_words": AT_LEAST_1, "max_reasoning_words": AT_LEAST_1,
+    "max_query_words": AT_LEAST_1, "max_answer_words": AT_LEAST_1, "max_word_chars": AT_LEAST_1,
 }
 
 

@@ -19,7 +19,7 @@ reads this layout takes it from here:
 
 A decoding grammar can be built from the same data: `StepLayout.skeleton` (the literal text
 between the slots, in order), `StepLayout.sections` (each index section's header line and how its
-items are written), `JUDGMENTS` and `NO_QUERY`. tests/kair_runtime/test_layout.py checks that the
+items are written), `JUDGMENTS`, `STOP_JUDGMENT` and `NO_QUERY` (kair_runtime/grammar.py does). tests/kair_runtime/test_layout.py checks that the
 sections describe what `linearize` writes.
 """
 
@@ -36,6 +36,7 @@ INDEX_TAG, REASONING_TAG, QUERY_TAG = "index", "reasoning", "query"
 JUDGMENT_TAG = "judgment"
 JUDGMENT_LABEL = "Judgment"
 JUDGMENTS = ("sufficient", "insufficient")  # stop, search on
+STOP_JUDGMENT = JUDGMENTS[0]  # its step's query is NO_QUERY (see `render`); the other's is a search
 NO_QUERY = "none"  # the query of a sufficient step
 
 # What the prompts show in place of a step's own reasoning, judgment and query.
@@ -132,7 +133,7 @@ class StepLayout:
         """One step's output in the layout: the SFT target the parser reads back unchanged. The
         reasoning's whitespace is collapsed (one line), and a sufficient step's query is NO_QUERY."""
         check_judgment(judgment)
-        query = next_query if judgment == "insufficient" and next_query else NO_QUERY
+        query = next_query if judgment != STOP_JUDGMENT and next_query else NO_QUERY
         return self.write(get_format(self.format).linearize(index), " ".join(reasoning.split()), judgment, query)
 
 

@@ -30,7 +30,8 @@ from typing import Callable, Iterator, Protocol
 
 from kair_runtime.config import LoopConfig
 from kair_runtime.index import empty_index
-from kair_runtime.llm.base import LLM, Completion, SamplingParams, check_no_repeat_ngram
+from kair_runtime.grammar import GrammarBounds, answer_grammar, step_grammar
+from kair_runtime.llm.base import LLM, Completion, SamplingParams, check_grammar, check_no_repeat_ngram
 from kair_runtime.parser import parse_step_output
 from kair_runtime.prompts import PromptSet
 from kair_runtime.records import FALLBACK_RETRIEVAL_EMPTY, Message, Question, ScoredPassage, Step, Trace
@@ -77,13 +78,26 @@ class KairLoop:
         self.final_docs = final_docs
         self.cfg = config or LoopConfig()
         check_no_repeat_ngram(llm, self.cfg.no_repeat_ngram)
+        check_grammar(llm, self.cfg.structured)
         self.prompts = prompts or PromptSet.for_loop(self.cfg)
         self.step_sampling = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                             max_tokens=self.cfg.step_max_tokens, seed=self.cfg.seed,
-                                            no_repeat_ngram=self.cfg.no_repeat_ngram)
+                                            no_repeat_ngram=self.cfg.no_repeat_ngram,
+                                            grammar=self._grammar(STEP))
         self.answer_sampling = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                               max_tokens=self.cfg.answer_max_tokens, seed=self.cfg.seed,
-                                              no_repeat_ngram=self.cfg.no_repeat_ngram)
+                                              no_repeat_ngram=self.cfg.no_repeat_ngram,
+                                              grammar=self._grammar(ANSWER))
+
+    def _grammar(self, kind: str) -> str | None:
+        """The structured mode's grammar for a step or answer call; None when it is off."""
+        if not self.cfg.structured:
+            return None
+        c = self.cfg
+        bounds = GrammarBounds(max_entries=c.max_index_entries, entry_words=c.max_entry_words,
+                               reasoning_words=c.max_reasoning_words, query_words=c.max_query_words,
+                               answer_words=c.max_answer_words, word_chars=c.max_word_chars)
+        return step_grammar(c.index_format, bounds) if kind == STEP else answer_grammar(bounds)
 
     # ------------------------------------------------------------ public
 

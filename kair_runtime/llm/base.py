@@ -19,6 +19,9 @@ class SamplingParams:
     # n > 0: no n-gram of tokens may occur twice in the completion (the prompt is not counted, so
     # copying names from it stays free). A small student's greedy loops end here. hf backend only.
     no_repeat_ngram: int = 0
+    # The structured mode: an xgrammar EBNF grammar (kair_runtime/grammar.py) the completion must
+    # match. None = unconstrained. Backends that cannot constrain refuse it (check_grammar).
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if self.no_repeat_ngram < 0 or self.no_repeat_ngram == 1:
@@ -58,6 +61,13 @@ def auto_dtype(dtype: str, on_gpu: bool) -> str:
 
 class BackendError(UserError, RuntimeError):
     """A backend could not produce a completion (unreachable server, OOM, bad adapter path...)."""
+
+
+def check_grammar(llm: LLM, structured: bool) -> None:
+    """Fail before a run: only backends that set `constrains_grammar` honour loop.structured."""
+    if structured and not getattr(llm, "constrains_grammar", False):
+        raise BackendError(f"loop.structured: {getattr(llm, 'name', type(llm).__name__)} cannot constrain "
+                           "its output to a grammar; use backend: hf or set loop.structured: false")
 
 
 def check_no_repeat_ngram(llm: LLM, n: int) -> None:

@@ -33,6 +33,7 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
 
 class HFBackend:
     bans_repeated_ngrams = True  # SamplingParams.no_repeat_ngram (see _CompletionNoRepeatNGram)
+    constrains_grammar = True  # SamplingParams.grammar, through xgrammar's logits processor
 
     def __init__(self, model, tokenizer, *, batch_size: int = 8, max_context: int | None = None,
                  name: str = "hf"):
@@ -54,6 +55,8 @@ class HFBackend:
         # Padding is masked out, so any id works; a distinct pad token keeps the output readable.
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.eos_ids)
+        self._grammar_compiler = None  # built on the first grammar (xgrammar is an optional extra)
+        self._compiled: dict[str, object] = {}  # grammar text -> its compiled form
 
     @classmethod
     def from_config(cls, cfg: LLMConfig) -> "HFBackend":
@@ -115,12 +118,36 @@ class HFBackend:
                                         if sampling.stop else [])
         processors = LogitsProcessorList([_CompletionNoRepeatNGram(sampling.no_repeat_ngram, width)]
                                          if sampling.no_repeat_ngram else [])
+        if sampling.grammar:
+            processors.append(self._grammar_processor(sampling.grammar))
         with torch.inference_mode():
             out = self.model.generate(input_ids=input_ids.to(self.device),
                                       attention_mask=attention.to(self.device),
                                       generation_config=self._generation_config(sampling),
                                       stopping_criteria=stopping, logits_processor=processors)
         return [self._finish(row, len(ids), sampling) for row, ids in zip(out[:, width:].tolist(), batch)]
+
+    def _grammar_processor(self, grammar: str) -> LogitsProcessor:
+        """xgrammar's transformers logits processor (one per generate call: it keeps per-row
+        matchers). The grammar's end allows only our end tokens, so a row stops there."""
+        try:
+            import xgrammar as xgr
+            import xgrammar.contrib.hf
+        except ImportError as e:
+            raise BackendError(f"{self.name}: loop.structured needs xgrammar; pip install 'kair[structured]' "
+                               f"({e})") from e
+        if self._grammar_compiler is None:
+            # The logits' width, which can exceed the tokenizer's vocabulary (padded embeddings).
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab,
+                                                      stop_token_ids=sorted(self.eos_ids))
+            self._grammar_compiler = xgr.GrammarCompiler(info)
+        if grammar not in self._compiled:
+            try:
+                self._compiled[grammar] = self._grammar_compiler.compile_grammar(grammar)
+            except RuntimeError as e:
+                raise BackendError(f"{self.name}: the grammar does not compile: {str(e).splitlines()[-1]}") from e
+        return xgrammar.contrib.hf.LogitsProcessor(self._compiled[grammar])
 
     def _generation_config(self, s: SamplingParams) -> GenerationConfig:
         # The knobs the loop has, set explicitly (the model's generation_config is neutralised in

@@ -12,7 +12,7 @@ import hashlib
 import re
 from typing import Callable
 
-from kair_runtime.llm.base import Completion, SamplingParams
+from kair_runtime.llm.base import BackendError, Completion, SamplingParams
 from kair_runtime.records import Message
 
 Respond = Callable[[list[Message]], str]
@@ -26,6 +26,11 @@ class ScriptedLLM:
         self.calls: list[int] = []  # batch size of every generate() call, for batching tests
 
     def generate(self, prompts: list[list[Message]], sampling: SamplingParams) -> list[Completion]:
+        if sampling.grammar:
+            # Its outputs are scripted, not decoded: nothing could constrain them (check_grammar
+            # refuses loop.structured before a run; this catches a direct call).
+            raise BackendError(f"{self.name}: a scripted backend cannot constrain its output to a grammar; "
+                               "loop.structured needs backend: hf")
         self.calls.append(len(prompts))
         out = []
         for msgs in prompts:

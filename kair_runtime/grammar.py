@@ -1,0 +1,230 @@
+"""The step and answer grammars of the structured mode (`loop.structured: true`).
+
+Built from the one step layout (kair_runtime/layout.py) in the EBNF dialect xgrammar compiles
+(the engine vLLM uses by default, and the hf backend's logits processor), so a grammar means the
+same on every backend:
+
+    step_grammar("kr", GrammarBounds())   # <index>...</index><reasoning>... Judgment: x</reasoning><query>..</query>
+    answer_grammar(GrammarBounds())       # a short answer: a few words
+
+What the grammar allows, the parser reads as a valid step, with no fallback (tested on every
+format in tests/kair_runtime/test_grammar.py). Free text is words of letters and digits
+(joined inside a word by - ' . &), separated by single spaces (and ", " where the layout has no
+comma of its own); it has no newline, tag, colon, semicolon or arrow, so it cannot end a section,
+start a label or header, or split an item. What the parser drops or reads as "no query" is left
+out: the layout's placeholder items (a copied template), an index header word as a K&F keyword,
+and "none"-like text as the query of an insufficient step. A sufficient step's query is NO_QUERY.
+
+Everything that loops is bounded (GrammarBounds): entries per index section, words per entry
+part, words of the reasoning, the query and the answer, and characters per word, so a
+repetition loop ends in a valid step instead of at the token cap.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from kair_runtime.index import has_index_header
+from kair_runtime.layout import (
+    ECHO_ITEMS, ECHO_QUERIES, JUDGMENT_TAG, JUDGMENTS, NO_QUERY, QUERY_TAG, STOP_JUDGMENT, IndexSection,
+    Slot, step_layout,
+)
+from kair_runtime.parser import clean_query
+
+_ALNUM = "[A-Za-z0-9]"
+_ALNUM_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_JOINERS = "[-'.&]"  # inside a word only: "Jean-Luc", "O'Brien", "U.S.A", "AT&T"
+WORD_JOINS = 2  # joiners per word
+
+
+@dataclass(frozen=True)
+class GrammarBounds:
+    """What may repeat in one output (loop.max_index_entries etc. in LoopConfig)."""
+
+    max_entries: int = 8  # items per index section (K&F: also facts per keyword)
+    entry_words: int = 12  # words per item part (a keyword, a fact, a relation's head...)
+    reasoning_words: int = 60
+    query_words: int = 16
+    answer_words: int = 12
+    word_chars: int = 16  # letters or digits in a word between joiners ("Schwarzenegger": 14)
+
+    def __post_init__(self) -> None:
+        for name in ("max_entries", "entry_words", "reasoning_words", "query_words", "answer_words", "word_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"grammar bound {name} must be at least 1, got {getattr(self, name)}")
+
+
+def _lit(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _ci(char: str) -> str:
+    """One character, either case."""
+    return f"[{char.lower()}{char.upper()}]" if char.isalpha() else _lit(char)
+
+
+def _ci_word(word: str) -> str:
+    return " ".join(_ci(c) for c in word)
+
+
+class _Rules:
+    """A grammar under construction: named rules, each defined once."""
+
+    def __init__(self, word_chars: int) -> None:
+        self.word_chars = word_chars
+        self.rules: dict[str, str] = {}
+        self.names: dict[tuple, str] = {}  # word_except's (words, prefix) -> rule name
+
+    def add(self, name: str, body: str) -> str:
+        if self.rules.setdefault(name, body) != body:
+            raise AssertionError(f"rule {name} defined twice differently")
+        return name
+
+    def text(self, root: str) -> str:
+        return f"root ::= {root}\n" + "".join(f"{k} ::= {v}\n" for k, v in self.rules.items())
+
+    # -------------------------------------------------------- words
+
+    def word(self) -> str:
+        self.add("run", f"{_ALNUM}{{1,{self.word_chars}}}")
+        return self.add("word", f"run ({_JOINERS} run){{0,{WORD_JOINS}}}")
+
+    def word_except(self, words: frozenset[str], prefix: str = "") -> str:
+        """A word whose lower case is none of `words` (letters/digits only): a trie over them.
+        `prefix` is the run written so far, equal (in any case) to a prefix of some of them."""
+        self.word()
+        key = (words, prefix)
+        if key in self.names:
+            return self.names[key]
+        name = self.names[key] = self.add(f"wx{len(self.names)}", "")  # children refer back by name
+        nexts = sorted({w[len(prefix)] for w in words if w.startswith(prefix) and len(w) > len(prefix)})
+        joins = f"({_JOINERS} run){{0,{WORD_JOINS}}}"
+        alts = [f"{_ci(c)} {self.word_except(words, prefix + c)}" for c in nexts]
+        taken = {c for n in nexts for c in (n.lower(), n.upper())}
+        other = "".join(c for c in _ALNUM_CHARS if c not in taken)
+        left = self.word_chars - len(prefix) - 1  # run characters still free after the next one
+        if left >= 0:
+            alts.append(f"[{other}] {_ALNUM}{{0,{left}}} {joins}")
+        if prefix and prefix not in words:
+            alts.append(joins)  # the word ends here (or goes on after a joiner)
+        elif prefix:
+            alts.append(f"({_JOINERS} run){{1,{WORD_JOINS}}}")  # an excluded run, made another word
+        self.rules[name] = " | ".join(f"({a})" for a in alts)
+        return name
+
+    def phrase(self, tag: str, max_words: int, excluded: set[tuple[str, ...]], seps: tuple[str, ...] = (" ",)) -> str:
+        """1..max_words words joined by `seps`, whose lower-cased words (joined by single spaces)
+        are none of `excluded`: a trie over the excluded word sequences."""
+        word = self.word()
+        sep = " | ".join(_lit(s) for s in seps)
+        free = lambda n: f"(({sep}) {word}){{0,{n}}}" if n > 0 else '""'
+
+        def node(path: tuple[str, ...]) -> str:
+            name = self.add(f"{tag}_{len(self.rules)}", "")  # filled below, after its children
+            kids = sorted({e[len(path)] for e in excluded if e[:len(path)] == path and len(e) > len(path)})
+            left = max_words - len(path) - 1
+            alts = [f"{self.word_except(frozenset(kids))} {free(left)}"]
+            for kid in kids:
+                here = path + (kid,)
+                after = ['""'] if here not in excluded else []
+                if left > 0:
+                    after.append(f'" " {node(here)}')
+                    if len(seps) > 1:  # another separator leaves the excluded sequences
+                        others = " | ".join(_lit(s) for s in seps if s != " ")
+                        after.append(f"({others}) {word} {free(left - 1)}")
+                if after:
+                    alts.append(f"{_ci_word(kid)} ({' | '.join(after)})")
+            self.rules[name] = " | ".join(f"({a})" for a in alts)
+            return name
+
+        return node(())
+
+
+# What the parser drops or reads as no query, as word sequences a phrase must not be.
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(text.lower().split())
+
+
+def _expressible(texts) -> set[tuple[str, ...]]:
+    """The texts free text can spell (letters, digits and spaces), as word sequences."""
+    return {_words(t) for t in texts if all(w.isalnum() for w in _words(t)) and _words(t)}
+
+
+ECHO_PHRASES = _expressible(ECHO_ITEMS)
+# Header words: a K&F keyword that is one would open a new index section.
+_HEADER_WORDS = ["key", "keyword", "keywords", "words", "and", "facts", "fact", "relation", "relations",
+                 "relationship", "relationships", "summary", "text"]
+HEADER_PHRASES = {p for n in (1, 2, 3, 4) for p in itertools.product(_HEADER_WORDS, repeat=n)
+                  if has_index_header(" ".join(p) + ": x")}
+# "none"-like queries, as the parser reads them (clean_query gives "" for them).
+# Candidates in the shape of parser._NO_QUERY, kept where clean_query reads them as no query.
+_NO_QUERY_SLOTS = (("no",), ("", "further", "more", "new"), ("", "search"), ("query", "queries"),
+                   ("", "needed", "is needed", "are needed"))
+_NO_QUERY_CANDIDATES = [NO_QUERY, "na", "null"] + [" ".join(w for w in p if w)
+                                                   for p in itertools.product(*_NO_QUERY_SLOTS)]
+NO_QUERY_PHRASES = _expressible(c for c in _NO_QUERY_CANDIDATES if not clean_query(c)) | _expressible(ECHO_QUERIES)
+
+
+def _section(rules: _Rules, fmt: str, i: int, section: IndexSection, b: GrammarBounds) -> str:
+    """One index section as `linearize` writes it: the header, then 1..max_entries items in the
+    first section, 0..max_entries in later ones (a K&R index may have no relation yet). A section
+    without an item separator holds one item: the text summary, a few sentences' words."""
+    header = _lit(section.header)
+    if not section.sep:
+        body = rules.phrase(f"{fmt}_summary", b.max_entries * b.entry_words, ECHO_PHRASES, (" ", ", ", ". "))
+        return f"{header} \" \" {body}"
+    parts = section.item.split("{}")
+    item = [_lit(parts[0])] if parts[0] else []
+    for k, text in enumerate(parts[1:]):
+        if section.part_sep and k == 1:  # a keyword's facts
+            fact = rules.phrase(f"{fmt}_fact", b.entry_words, ECHO_PHRASES)
+            item.append(f"{fact} ({_lit(section.part_sep)} {fact}){{0,{b.max_entries - 1}}}")
+        else:  # a K&F keyword that is a header word would open a new section
+            excluded = ECHO_PHRASES | (HEADER_PHRASES if section.part_sep else set())
+            item.append(rules.phrase(f"{fmt}_{i}_{k}", b.entry_words, excluded))
+        if text:
+            item.append(_lit(text))
+    entry = rules.add(f"{fmt}_entry{i}", " ".join(item))
+    sep, low = _lit(section.sep), 1 if i == 0 else 0
+    if section.inline:
+        items = f"{entry} ({sep} {entry}){{0,{b.max_entries - 1}}}"
+        return f"{header} \" \" {items}" if low else f"{header} (\" \" {items})?"
+    return f"{header} ({sep} {entry}){{{low},{b.max_entries}}}"
+
+
+def step_grammar(format_name: str, bounds: GrammarBounds | None = None) -> str:
+    """The grammar of one step's output in `format_name`'s layout."""
+    b = bounds or GrammarBounds()
+    layout = step_layout(format_name)
+    rules = _Rules(b.word_chars)
+    index = " ".join(f"{_lit(chr(10)) + ' ' if i else ''}{_section(rules, layout.format, i, s, b)}"
+                     for i, s in enumerate(layout.sections))
+    reasoning = rules.phrase("reasoning", b.reasoning_words, set(), (" ", ", ", ". "))
+    query = rules.phrase("query", b.query_words, NO_QUERY_PHRASES)
+    skeleton = layout.skeleton
+    cut = next(k for k, p in enumerate(skeleton) if isinstance(p, Slot) and p.name == JUDGMENT_TAG)
+    head, tail = skeleton[:cut], skeleton[cut + 1:]
+
+    def fill(parts, judgment: str | None) -> str:
+        out = []
+        for p in parts:
+            if not isinstance(p, Slot):
+                out.append(_lit(p))
+            elif p.name == QUERY_TAG:
+                out.append(_lit(NO_QUERY) if judgment == STOP_JUDGMENT else query)
+            elif p.name == JUDGMENT_TAG:
+                out.append(_lit(judgment))
+            else:  # the reasoning slot holds its text and the space after it, or nothing
+                out.append(f"({reasoning} \" \")?" if p.name != "index" else f"({index})")
+        return " ".join(out)
+
+    per_judgment = " | ".join(f"({fill((Slot(JUDGMENT_TAG),) + tail, j)})" for j in JUDGMENTS)
+    return rules.text(f"{fill(head, None)} ({per_judgment})")
+
+
+def answer_grammar(bounds: GrammarBounds | None = None) -> str:
+    """A short answer: 1..answer_words words (", " allowed between them)."""
+    b = bounds or GrammarBounds()
+    rules = _Rules(b.word_chars)
+    return rules.text(rules.phrase("answer", b.answer_words, set(), (" ", ", ")))
