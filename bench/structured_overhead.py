@@ -1,10 +1,13 @@
-"""python bench/structured_overhead.py [--model smollm2-135m] [--format kr] [--questions 8] [--max-tokens 128]
+"""python bench/structured_overhead.py [--model smollm2-135m] [--format kr] [--questions 4] [--max-tokens 64]
 
 The structured mode's cost on the hf backend: the same step prompts decoded greedily without and
 with the step grammar (kair_runtime/grammar.py through xgrammar's logits processor), in one run.
 Prints seconds per generated token for each and their ratio, plus the one-off grammar compile
 time (paid once per backend and grammar, so it is measured apart, before the timed runs). The two
-runs generate different texts, so tokens per second, not wall time, is what compares.
+runs generate different texts, so time per token, not wall time, is what compares; and the
+unconstrained run ignores the end token, so every row of both runs decodes max_tokens (keep
+--max-tokens below what the grammar's bounds allow, so the structured rows run to it too) and
+the prompts' prefill is spread over the same number of tokens.
 `--model tiny` uses the random-weight model of train/tiny_model.py (no download, 768 tokens).
 """
 
@@ -52,8 +55,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--format", default="kr")
-    ap.add_argument("--questions", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--questions", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=4)
     args = ap.parse_args()
 
@@ -69,7 +72,9 @@ def main() -> None:
     llm._grammar_processor(grammar)  # compiles and caches: the one-off cost
     compile_s = time.perf_counter() - start
     _timed(llm, prompts[:1], SamplingParams(max_tokens=4))  # warm-up
+    eos_ids, llm.eos_ids = llm.eos_ids, {-1}  # no id ends a row: it decodes max_tokens
     free_s, free_n = _timed(llm, prompts, free)
+    llm.eos_ids = eos_ids
     on_s, on_n = _timed(llm, prompts, structured)
     per_free, per_on = free_s / max(free_n, 1), on_s / max(on_n, 1)
     print(f"model {llm.name}, format {args.format}, {len(prompts)} prompts, batch {args.batch_size}, "
