@@ -112,10 +112,10 @@ class LoopConfig:
     # answer to a short answer (kair_runtime/grammar.py), with these bounds on what may repeat.
     # hf backend only for now (the others refuse it).
     structured: bool = False
-    max_index_entries: int = 8  # items per index section
-    max_entry_words: int = 12  # words per item part (keyword, fact, relation head...)
-    max_reasoning_words: int = 60
-    max_query_words: int = 16
+    max_index_entries: int = 6  # items per index section (defaults: grammar.GrammarBounds)
+    max_entry_words: int = 6  # words per item part (keyword, fact, relation head...)
+    max_reasoning_words: int = 40
+    max_query_words: int = 12
     max_answer_words: int = 12
     max_word_chars: int = 16  # letters or digits in a word between its joiners (- ' . &)
 

@@ -42,10 +42,12 @@ WORD_JOINS = 2  # joiners per word
 class GrammarBounds:
     """What may repeat in one output (loop.max_index_entries etc. in LoopConfig)."""
 
-    max_entries: int = 8  # items per index section (K&F: also facts per keyword)
-    entry_words: int = 12  # words per item part (a keyword, a fact, a relation's head...)
-    reasoning_words: int = 60
-    query_words: int = 16
+    # The defaults keep a K&R step of 1-2-token words under ~300 tokens (step_max_tokens: 384):
+    # 6 keywords and 6 relations of <= 6 words a part, 40 words of reasoning, 12 of query.
+    max_entries: int = 6  # items per index section (K&F: also facts per keyword)
+    entry_words: int = 6  # words per item part (a keyword, a fact, a relation's head...)
+    reasoning_words: int = 40
+    query_words: int = 12
     answer_words: int = 12
     word_chars: int = 16  # letters or digits in a word between joiners ("Schwarzenegger": 14)
 

@@ -89,15 +89,18 @@ class KairLoop:
                                               no_repeat_ngram=self.cfg.no_repeat_ngram,
                                               grammar=self._grammar(ANSWER))
 
+    @staticmethod
+    def grammar_bounds(c: LoopConfig) -> GrammarBounds:
+        return GrammarBounds(max_entries=c.max_index_entries, entry_words=c.max_entry_words,
+                             reasoning_words=c.max_reasoning_words, query_words=c.max_query_words,
+                             answer_words=c.max_answer_words, word_chars=c.max_word_chars)
+
     def _grammar(self, kind: str) -> str | None:
         """The structured mode's grammar for a step or answer call; None when it is off."""
         if not self.cfg.structured:
             return None
-        c = self.cfg
-        bounds = GrammarBounds(max_entries=c.max_index_entries, entry_words=c.max_entry_words,
-                               reasoning_words=c.max_reasoning_words, query_words=c.max_query_words,
-                               answer_words=c.max_answer_words, word_chars=c.max_word_chars)
-        return step_grammar(c.index_format, bounds) if kind == STEP else answer_grammar(bounds)
+        bounds = self.grammar_bounds(self.cfg)
+        return step_grammar(self.cfg.index_format, bounds) if kind == STEP else answer_grammar(bounds)
 
     # ------------------------------------------------------------ public
 

@@ -147,6 +147,7 @@ def test_scripted_backend_refuses_the_mode():
 
 def test_config_validates_the_mode():
     LoopConfig(structured=True).validate()
+    assert KairLoop.grammar_bounds(LoopConfig()) == GrammarBounds()  # one set of defaults
     with pytest.raises(ConfigError, match="loop.max_entry_words"):
         LoopConfig(structured=True, max_entry_words=0).validate()
     with pytest.raises(ConfigError, match="no_repeat_ngram=0"):
