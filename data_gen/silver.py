@@ -252,7 +252,8 @@ def silver(cfg: SilverConfig, retriever: Retriever | None = None) -> tuple[Path,
     # of retriever.corpus; gold paragraphs map into the passages the retriever returns ids from.
     rc = cfg.runtime.retriever
     rc = dataclasses.replace(rc, corpus=cfg.corpus) if cfg.corpus else rc
-    rc, passages = retriever_config_over(rc, lambda: closed_corpus(cfg.datasets, cfg.extra_corpus, out / "corpus.jsonl"))
+    rc, passages = retriever_config_over(
+        rc, lambda: closed_corpus(cfg.datasets, cfg.extra_corpus, out / "corpus.jsonl"))
     traces = run_silver(questions, retriever or build_retriever(rc), cfg.runtime, passages)
     path = shard_path(out, 0, 1)
     tmp = path.with_name(f".{path.name}.tmp")

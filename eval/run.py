@@ -10,7 +10,8 @@ Evaluate every (model, dataset, method) combination and write a run folder:
     RUN/plots/*.png                              F1, step distribution, index size per step
 
 Retrieval is over each dataset's closed corpus (the paragraphs of the file evaluated, unless
-`corpus`/`corpus_from` say otherwise), or over the prebuilt index of `runtime.retriever.index_dir`.
+`corpus`/`corpus_from` say otherwise), or over the prebuilt index of `runtime.retriever.index_dir`,
+or over the one corpus `runtime.retriever.corpus` names (kair_runtime/runtime.py's rule).
 A rerun of the same command continues where it stopped: finished questions are read back from
 traces.jsonl (a torn last line from a kill is dropped) and only the rest are run. A question whose
 run failed (its trace has `error` set, e.g. the backend was down) is kept as a failure, scored 0;
@@ -167,8 +168,9 @@ def check_eval_config(cfg: EvalConfig) -> None:
         rc = cfg.runtime.retriever  # either one wins over a dataset's corpus (runtime.retriever_over)
         key = "index_dir" if rc.index_dir else "corpus" if rc.corpus else None
         if key and (spec.corpus or spec.corpus_from or spec.extra_corpus):
+            what = "an index" if rc.index_dir else "a corpus"
             raise ConfigError(f"datasets[{i}] ({spec.name}) sets a corpus, and runtime.retriever.{key} "
-                              f"names {'an index' if rc.index_dir else 'a corpus'} to retrieve from; set one of the two")
+                              f"names {what} to retrieve from; set one of the two")
 
 
 def final_docs_fn(robust: RobustnessConfig, shuffle_seed: int | None, gold_ids: dict[str, set[str]]):
