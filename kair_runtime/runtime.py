@@ -3,7 +3,7 @@ ids come from) and the loop. `kair ask`, eval, data_gen (teacher, silver), the d
 build through here.
 
     loop = loop_from_config(load_config(RuntimeConfig, "configs/runtime/default.yaml"))
-    retriever, passages = retriever_over(cfg.runtime.retriever, lambda: build_closed_corpus())
+    retriever, passages = retriever_over(cfg.runtime.retriever, lambda: corpus_for(spec, run_dir / "corpora"))
 
 Which corpus a retriever searches, one rule for every command:
     1. `retriever.index_dir` set: the prebuilt index; gold ids map into its passages.jsonl.
