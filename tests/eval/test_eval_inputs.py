@@ -80,7 +80,8 @@ def test_an_index_and_a_dataset_corpus_together_are_refused(tmp_path):
 
 
 def test_the_demo_retrieves_from_a_prebuilt_index(tmp_path):
-    from data_gen.demo import DemoConfig, benchmark_sets
+    from pipeline.demo_config import DemoConfig
+    from pipeline.demo_sets import benchmark_sets
 
     index = tmp_path / "index"
     corpus = tmp_path / "c.jsonl"

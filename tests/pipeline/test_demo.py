@@ -13,7 +13,8 @@ import yaml
 from rich.console import Console
 
 from data_gen.chains import demo_chain, with_passages
-from data_gen.demo import DemoConfig, TrainSettings, load_demo_config, run_demo
+from pipeline.demo import run_demo
+from pipeline.demo_config import DemoConfig, TrainSettings, load_demo_config
 from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig
 from kair_runtime.demo_data import load_demo_corpus, load_demo_questions
 
@@ -142,7 +143,7 @@ def test_demo_on_benchmark_files_trains_and_evaluates_each_dev_set(tmp_path, tin
 
 
 def test_a_dataset_without_its_split_is_a_config_error(tmp_path):
-    from data_gen.demo import benchmark_sets
+    from pipeline.demo_sets import benchmark_sets
 
     cfg = load_demo_config(None, [f"data_dir={tmp_path}", "train_sets=[musique]"])
     with pytest.raises(ConfigError, match="name:split"):
