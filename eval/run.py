@@ -231,13 +231,21 @@ def run_eval(cfg: EvalConfig, run_dir: Path, progress: bool = True, retry_failed
 
                     with tqdm(total=len(questions), desc=f"{tag} {spec.label} {label}", disable=not progress,
                               unit="q") as bar:
-                        traces = resume_traces(make_method, questions, path, bar.update, cfg.chunk_size,
-                                               retry_failed)
-                    summary = summarize(traces, gold)
+                        _, summary = evaluate_one(make_method, questions, gold, path, bar.update, cfg.chunk_size,
+                                                  retry_failed)
                     summary["skipped_malformed"] = len(skipped)  # not in n: they never became questions
                     rows.append({"model": tag, "dataset": spec.label, "method": label, "summary": summary})
     write_reports(rows, run_dir)
     return rows
+
+
+def evaluate_one(make_method, questions: list[Question], gold: dict[str, set[str]], path: Path, advance,
+                 chunk_size: int = 16, retry_failed: bool = False) -> tuple[list[Trace], dict]:
+    """One (model, dataset, method) combination, as `kair eval` and `kair demo` run it: every
+    question's trace (resumed from `path`, see resume_traces) and their summary scored against
+    `gold` (question id -> gold passage ids)."""
+    traces = resume_traces(make_method, questions, path, advance, chunk_size, retry_failed)
+    return traces, summarize(traces, gold)
 
 
 def resume_traces(make_method, questions: list[Question], path: Path, advance,

@@ -114,7 +114,8 @@ def test_eval_flags_override_the_file_and_set(tmp_path):
 
 
 def test_the_demo_retrieves_from_a_prebuilt_index(tmp_path):
-    from data_gen.demo import DemoConfig, benchmark_sets
+    from pipeline.demo_config import DemoConfig
+    from pipeline.demo_sets import benchmark_sets
 
     index = tmp_path / "index"
     corpus = tmp_path / "c.jsonl"

@@ -13,9 +13,12 @@ import yaml
 from rich.console import Console
 
 from data_gen.chains import demo_chain, with_passages
-from data_gen.demo import DemoConfig, TrainSettings, load_demo_config, run_demo
+from eval.run import evaluate_one
 from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig
 from kair_runtime.demo_data import load_demo_corpus, load_demo_questions
+from pipeline.demo import run_demo
+from pipeline.demo_config import DemoConfig, TrainSettings, load_demo_config
+from pipeline.demo_sets import demo_sets
 
 
 def test_demo_chain_follows_the_gold_decomposition():
@@ -103,6 +106,17 @@ def test_demo_runs_every_stage_with_the_tiny_model(tmp_path, tiny_model_dir, mon
     assert not again["trained_this_run"]
     assert [r["summary"]["f1"] for r in again["rows"]] == [r["summary"]["f1"] for r in info["rows"]]
     assert (out / "traces" / "demo-dev" / "tuned-kair.jsonl").read_text().count("\n") == 2
+    # The demo evaluates through `kair eval`'s unit: evaluate_one reads its traces back, runs nothing
+    # (no method is built), and scores them into the demo's row.
+    _, (dev,) = demo_sets(cfg)
+
+    def no_method():
+        raise AssertionError("every dev question has a trace: nothing should run")
+
+    traces, summary = evaluate_one(no_method, dev.questions, dev.gold, out / "traces" / "demo-dev" / "tuned-kair.jsonl",
+                                   lambda n: None)
+    assert [t.question.id for t in traces] == [q.id for q in dev.questions]
+    assert summary == info["rows"][2]["summary"]
     # eval_runs picks the comparisons: the tuned row alone, the same figures.
     only = run_demo(dataclasses.replace(cfg, eval_runs=["tuned-kair"]), Console(record=True, width=160))
     assert [(r["model"].split()[-1], r["method"]) for r in only["rows"]] == [("(tuned)", "kair")]
@@ -142,7 +156,7 @@ def test_demo_on_benchmark_files_trains_and_evaluates_each_dev_set(tmp_path, tin
 
 
 def test_a_dataset_without_its_split_is_a_config_error(tmp_path):
-    from data_gen.demo import benchmark_sets
+    from pipeline.demo_sets import benchmark_sets
 
     cfg = load_demo_config(None, [f"data_dir={tmp_path}", "train_sets=[musique]"])
     with pytest.raises(ConfigError, match="name:split"):
