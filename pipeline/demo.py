@@ -39,7 +39,6 @@ the numbers are a smoke test of the plumbing, and the output says so (pipeline/d
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -63,12 +62,11 @@ TITLES = {"index": "retrievers over the corpora", "data": "trajectories -> filte
 
 def write_serve_config(cfg: DemoConfig, student: Path, corpus: Path, out: Path) -> Path:
     """OUT/serve.yaml: the tuned student behind the loop settings it was trained with."""
+    from kair_runtime.runtime import retriever_config_over
     from kair_runtime.serve.config import ServeConfig
 
-    rc = cfg.runtime.retriever
-    serve = ServeConfig(llm=tuned_llm(cfg, student),
-                        retriever=rc if rc.index_dir else dataclasses.replace(rc, corpus=str(corpus)),
-                        loop=cfg.runtime.loop)
+    retriever, _ = retriever_config_over(cfg.runtime.retriever, corpus)
+    serve = ServeConfig(llm=tuned_llm(cfg, student), retriever=retriever, loop=cfg.runtime.loop)
     path = out / "serve.yaml"
     atomic_write_text(path, f"# kair serve --config {path} --port 8000\n"
                       + yaml.safe_dump(to_dict(serve), sort_keys=False))
@@ -83,7 +81,7 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
         TimeRemainingColumn
 
     from eval.report import write_plots
-    from kair_runtime.retrieval import build_retriever
+    from kair_runtime.runtime import build_retriever, retriever_config_over
 
     check_config(cfg)
     console = console or Console()
@@ -108,16 +106,14 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
     train, dev = benchmark_sets(cfg, out) if benchmark else demo_sets(cfg)
     source = f"benchmark files in {cfg.data_dir}" if benchmark else (cfg.data_dir or "the embedded demo world")
     rc = cfg.runtime.retriever
-    retrievers = {}
-
-    def over(qs: QuestionSet) -> str:  # a prebuilt index serves every set; else each its own corpus
-        return rc.index_dir or str(qs.corpus)
-
+    retrievers: dict[Path, Any] = {}  # one per passages file: a prebuilt index serves every set
+    by_set = {}
     for qs in [train, *dev]:
-        if over(qs) not in retrievers:
-            retrievers[over(qs)] = build_retriever(rc if rc.index_dir else dataclasses.replace(rc, corpus=str(qs.corpus)))
-        console.print(f"{qs.label}: {len(qs.questions)} questions, {rc.kind} retriever over {over(qs)}")
-    by_set = {qs.label: retrievers[over(qs)] for qs in [train, *dev]}
+        qrc, passages = retriever_config_over(rc, qs.corpus)
+        if passages not in retrievers:
+            retrievers[passages] = build_retriever(qrc)
+        by_set[qs.label] = retrievers[passages]
+        console.print(f"{qs.label}: {len(qs.questions)} questions, {rc.kind} retriever over {rc.index_dir or passages}")
 
     stage("data")
     data = make_sft_data(cfg, train, by_set[train.label], out)

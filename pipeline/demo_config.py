@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.specs import DatasetSpec, TrainSet
-from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig, apply_overrides, \
-    from_dict, read_yaml, to_dict
+from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig, load_config, \
+    to_dict
 from kair_runtime.rundir import claim
 
 QUESTIONS_FILE = "demo_questions.jsonl"
@@ -86,6 +86,9 @@ def check_config(cfg: DemoConfig) -> None:
     unknown = [name for name in cfg.eval_runs if name not in EVAL_RUNS]
     if unknown or not cfg.eval_runs:
         raise ConfigError(f"eval_runs: {unknown or 'empty'}; choose among {', '.join(EVAL_RUNS)}")
+    if cfg.runtime.retriever.corpus:
+        raise ConfigError("runtime.retriever.corpus: the demo searches each question set's own corpus; "
+                          "use runtime.retriever.index_dir for one prebuilt index")
     t = cfg.train
     if t.steps < 1:
         raise ConfigError(f"train.steps must be >= 1, got {t.steps}")
@@ -109,11 +112,8 @@ def claim_traces(cfg: DemoConfig, out: Path) -> None:
 
 def load_demo_config(config: str | None, overrides: list[str], **flags) -> DemoConfig:
     """YAML (optional), then `--set a.b=v`, then the explicit flags that were given."""
-    data = read_yaml(config) if config else {}
-    apply_overrides(data, overrides)
     keys = {"out": "out_dir", "data": "data_dir", "train_steps": "train.steps", "max_steps": "runtime.loop.max_steps",
             "model": "runtime.llm.model", "dev_limit": "dev_limit"}
-    apply_overrides(data, [f"{keys[k]}={v}" for k, v in flags.items() if v is not None])
-    cfg = from_dict(DemoConfig, data)
+    cfg = load_config(DemoConfig, config, overrides, {keys[k]: v for k, v in flags.items()})
     check_config(cfg)
     return cfg

@@ -12,24 +12,11 @@ import pytest
 import yaml
 from rich.console import Console
 
-from data_gen.chains import demo_chain, with_passages
 from eval.run import evaluate_one
 from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig
-from kair_runtime.demo_data import load_demo_corpus, load_demo_questions
 from pipeline.demo import run_demo
 from pipeline.demo_config import DemoConfig, TrainSettings, load_demo_config
 from pipeline.demo_sets import demo_sets
-
-
-def test_demo_chain_follows_the_gold_decomposition():
-    passages = {p.id: p for p in load_demo_corpus()}
-    q = with_passages(load_demo_questions("train")[:1], passages)[0]
-    hops = demo_chain(q, None)
-    assert [h.doc_ids for h in hops] == [[pid] for pid in q.metadata["supporting_ids"]]
-    assert hops[0].queries[0] == q.metadata["decomposition"][0]["question"]
-    # Every evidence triple lands on exactly one hop; the first hop's object is its answer.
-    assert sum(len(h.triples) for h in hops) == len(q.metadata["evidences"])
-    assert hops[0].triples[0][2].lower().endswith("glass herons")
 
 
 def test_smoke_config_is_the_builtin_default():
@@ -53,6 +40,11 @@ def test_flags_override_the_config(tmp_path):
         load_demo_config(None, ["eval_runs=[tuned]"])
     with pytest.raises(ConfigError, match="eval_runs: empty"):
         load_demo_config(None, ["eval_runs=[]"])
+    # One corpus for every set would leave each set's gold ids pointing into its own corpus.
+    with pytest.raises(ConfigError, match="runtime.retriever.corpus: the demo searches each question set's own"):
+        load_demo_config(None, [f"runtime.retriever.corpus={tmp_path / 'c.jsonl'}"])
+    # Flags are values as given, not YAML: a numeric-looking model name stays a name.
+    assert load_demo_config(None, [], model="123").runtime.llm.model == "123"
 
 
 def tiny_cfg(tmp_path, tiny_model_dir, **kw) -> DemoConfig:
