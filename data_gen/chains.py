@@ -160,15 +160,21 @@ def _is_yes_no(answer: str) -> bool:
     return normalize_answer(answer) in ("yes", "no")
 
 
+def _supporting(q: Question) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """The gold paragraphs by title, and each title's supporting sentences (2Wiki and HotpotQA)."""
+    paras = {p["title"]: p["text"] for p in q.metadata.get("supporting_paragraphs", [])}
+    sents: dict[str, list[str]] = {}
+    for s in q.metadata.get("supporting_sentences", []):
+        sents.setdefault(s["title"], []).append(s["text"])
+    return paras, sents
+
+
 # ---------------------------------------------------------------- chains per benchmark
 
 
 @chain("2wikimultihopqa")
 def twowiki_chain(q: Question, gold: GoldDocs) -> list[Hop]:
-    paras = {p["title"]: p["text"] for p in q.metadata.get("supporting_paragraphs", [])}
-    sents: dict[str, list[str]] = {}
-    for s in q.metadata.get("supporting_sentences", []):
-        sents.setdefault(s["title"], []).append(s["text"])
+    paras, sents = _supporting(q)
     hops = [Hop(title=t, doc_ids=gold.ids(t, paras.get(t)), queries=[], facts=sents.get(t, []))
             for t in q.metadata.get("supporting_titles", [])]
     if not hops:
@@ -222,10 +228,7 @@ def _ref(answers: list[str], m: re.Match) -> str:
 
 @chain("hotpotqa")
 def hotpot_chain(q: Question, gold: GoldDocs) -> list[Hop]:
-    paras = {p["title"]: p["text"] for p in q.metadata.get("supporting_paragraphs", [])}
-    sents: dict[str, list[str]] = {}
-    for s in q.metadata.get("supporting_sentences", []):
-        sents.setdefault(s["title"], []).append(s["text"])
+    paras, sents = _supporting(q)
     titles = list(q.metadata.get("supporting_titles", []))
     # The paragraph the question names comes first; the other is reached through its entity.
     titles.sort(key=lambda t: 0 if mentions(q.question, entity_of(t)) else 1)

@@ -14,7 +14,7 @@ the `kair.commands` entry point; `python -m data_gen.cli` runs it too.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Optional
 
 import typer
 
@@ -25,31 +25,14 @@ from data_gen.silver import SilverConfig, silver, silver_counts
 from data_gen.store import read_trajectories
 from data_gen.teacher import GenerateConfig, generate
 from eval.specs import TrainSet, dataset_entries
-from kair_runtime.config import ConfigError, apply_overrides, from_dict, read_yaml
+from kair_runtime.config import ConfigError, load_config
 from kair_runtime.errors import USER_ERRORS
-
-T = TypeVar("T")
 
 datagen_app = typer.Typer(help="Distillation data: teacher trajectories, filtering, SFT examples, silver data.",
                           no_args_is_help=True, pretty_exceptions_enable=False)
 
 CONFIG = typer.Option(None, "--config", "-c", help="A configs/datagen/*.yaml file.")
 SET = typer.Option([], "--set", help="Override a config key: --set runtime.loop.max_steps=3")
-
-
-def load(cls: type[T], config: str | None, overrides: list[str], flags: dict[str, Any]) -> T:
-    """YAML file, then `--set` overrides, then the flags that were given (dotted key -> value)."""
-    data = read_yaml(config) if config else {}
-    apply_overrides(data, overrides)
-    for key, value in flags.items():
-        if value is None:
-            continue
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return from_dict(cls, data)
 
 
 def datasets_flag(arg: str | None) -> list[dict] | None:
@@ -81,7 +64,7 @@ def generate_cmd(
 ) -> None:
     """Run the teacher through the KAIR loop over the training questions (resumable)."""
     try:
-        cfg = load(GenerateConfig, config, set_, {"out_dir": out, "shard": shard, "num_shards": num_shards,
+        cfg = load_config(GenerateConfig, config, set_, {"out_dir": out, "shard": shard, "num_shards": num_shards,
                                                   "datasets": datasets_flag(datasets)})
         if limit is not None:
             for spec in cfg.datasets:
@@ -109,7 +92,7 @@ def filter_cmd(
 ) -> None:
     """Keep correct, well-formed trajectories; print and write a report."""
     try:
-        cfg = load(FilterConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "min_f1": min_f1,
+        cfg = load_config(FilterConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "min_f1": min_f1,
                                                 "best_k": best_k, "max_step_tokens": max_step_tokens})
         report = run_filter(cfg)
     except (*USER_ERRORS, ValueError) as e:
@@ -130,7 +113,7 @@ def to_sft_cmd(
 ) -> None:
     """Turn trajectories into chat examples: messages jsonl, a DatasetDict and a dataset card."""
     try:
-        cfg = load(SFTDataConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "seed": seed,
+        cfg = load_config(SFTDataConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "seed": seed,
                                                  "validation_fraction": validation_fraction,
                                                  "prompt_source": prompt_source})
         stats = build_sft(cfg)
@@ -154,7 +137,7 @@ def silver_cmd(
 ) -> None:
     """Trajectories from gold annotations with real retrieval (no LLM)."""
     try:
-        cfg = load(SilverConfig, config, set_, {"out_dir": out, "datasets": datasets_flag(datasets),
+        cfg = load_config(SilverConfig, config, set_, {"out_dir": out, "datasets": datasets_flag(datasets),
                                                 "runtime.loop.index_format": index_format})
         if limit is not None:
             for spec in cfg.datasets:
@@ -176,7 +159,7 @@ def quality_cmd(
 ) -> None:
     """Index quality: gold entity and triple recall, and the step the answer enters the index."""
     try:
-        cfg = load(QualityConfig, config, set_, {"trajectories": trajectories, "out": out})
+        cfg = load_config(QualityConfig, config, set_, {"trajectories": trajectories, "out": out})
         if not cfg.trajectories:
             raise ConfigError("pass TRAJ_DIR or set `trajectories`")
         traces = read_trajectories(cfg.trajectories)

@@ -11,6 +11,12 @@ Works on any trajectory (teacher or silver) whose question keeps its gold annota
                     index relation on head and tail; the relation words are free (K&R only).
     answer step     the first step whose index contains a gold answer (yes/no answers and
                     questions never anchoring it are left out of the mean).
+    evidence        2Wiki's official evidence precision/recall/F1/EM of the final index's
+                    relations, strict (relation included) and relaxed (entity pair); see
+                    data_gen.evidence.
+
+Trajectories are grouped by dataset and source: the teacher for generated and silver trajectories,
+the method and model for eval run traces (`kair eval` writes traces.jsonl; pass that file).
 
 Matching is normalized (the answer metrics' normalization) and fuzzy: two strings match when
 their token F1 is >= 0.5 or one contains the other. A title's disambiguation "(film)" is dropped.
@@ -25,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from data_gen.chains import entity_of
+from data_gen.evidence import index_evidence, summarize_evidence
 from eval.metrics import normalize_answer, token_f1
 from eval.table import Column, Table
 from kair_runtime.index import get_format
@@ -101,6 +108,9 @@ class IndexQuality:
     triples_found: int
     answer_eligible: bool  # a gold answer that can appear in an index (not yes/no)
     answer_step: int | None  # first step whose index contains it
+    evidence_status: str  # "scored", "no relations" (n/a) or "no gold"
+    evidence_strict: dict[str, Any] | None  # data_gen.evidence.EvidenceScore.as_dict()
+    evidence_relaxed: dict[str, Any] | None
 
     @property
     def entity_recall(self) -> float | None:
@@ -111,8 +121,21 @@ class IndexQuality:
         return self.triples_found / self.triples if self.triples else None
 
 
+def source_of(trace: Trace) -> str:
+    """The teacher that wrote a trajectory, or for an eval trace its method and model."""
+    if "teacher" in trace.extra:
+        return str(trace.extra["teacher"])
+    if "llm" in trace.extra:
+        return f"{trace.method}:{trace.extra['llm']}"
+    return "?"
+
+
+def final_index(trace: Trace) -> Index:
+    return trace.final_index or Index(format=trace.index_format)
+
+
 def trajectory_quality(trace: Trace) -> IndexQuality:
-    final = trace.final_index or Index(format=trace.index_format)
+    final = final_index(trace)
     ents = gold_entities(trace)
     # Only K&R indexes hold relations; for the other formats triple recall does not apply.
     triples = gold_triples(trace) if final.format == "kr" else []
@@ -120,32 +143,37 @@ def trajectory_quality(trace: Trace) -> IndexQuality:
     found_t = sum(any(fuzzy_match(h, r[0]) and fuzzy_match(t, r[2]) for r in rels) for h, _, t in triples)
     answers = [a for a in trace.question.answers if normalize_answer(a) not in ("yes", "no", "")]
     step = next((s.step for s in trace.steps if answers and answer_in_index(answers, s.index)), None)
+    ev = index_evidence(final, gold_triples(trace))
     return IndexQuality(question_id=trace.question.id, dataset=trace.question.dataset or "?",
-                        source=str(trace.extra.get("teacher", "?")), entities=len(ents),
+                        source=source_of(trace), entities=len(ents),
                         entities_found=sum(entity_found(e, final) for e in ents), triples=len(triples),
-                        triples_found=found_t, answer_eligible=bool(answers), answer_step=step)
+                        triples_found=found_t, answer_eligible=bool(answers), answer_step=step,
+                        evidence_status=ev.status, evidence_strict=ev.strict and ev.strict.as_dict(),
+                        evidence_relaxed=ev.relaxed and ev.relaxed.as_dict())
 
 
 def summarize_quality(traces: list[Trace]) -> list[dict[str, Any]]:
     """One row per (dataset, source): means over the trajectories that have each annotation."""
     groups: dict[tuple[str, str], list[IndexQuality]] = defaultdict(list)
+    members: dict[tuple[str, str], list[Trace]] = defaultdict(list)
     for t in traces:
         q = trajectory_quality(t)
         groups[(q.dataset, q.source)].append(q)
+        members[(q.dataset, q.source)].append(t)
     rows = []
     for (dataset, source), qs in sorted(groups.items()):
         er = [q.entity_recall for q in qs if q.entity_recall is not None]
         tr = [q.triple_recall for q in qs if q.triple_recall is not None]
         eligible = [q for q in qs if q.answer_eligible]
         steps = [q.answer_step for q in eligible if q.answer_step is not None]
-        complete = [t for t in traces if t.question.dataset == dataset and str(t.extra.get("teacher", "?")) == source
-                    and "complete" in t.extra]
+        complete = [t for t in members[(dataset, source)] if "complete" in t.extra]
         rows.append({
             "dataset": dataset, "source": source, "n": len(qs),
             "complete": sum(bool(t.extra["complete"]) for t in complete) if complete else None,
             "entity_recall": _mean(er), "triple_recall": _mean(tr), "triples_n": len(tr),
             "answer_in_index": round(len(steps) / len(eligible), 4) if eligible else None,
             "answer_eligible": len(eligible), "mean_answer_step": _mean(steps),
+            **summarize_evidence([index_evidence(final_index(t), gold_triples(t)) for t in members[(dataset, source)]]),
         })
     return rows
 
@@ -175,7 +203,11 @@ def _column(key: str, header: str) -> Column:
 COLUMNS = [_column("dataset", "dataset"), _column("source", "source"), _column("n", "n"),
            _column("complete", "complete"), _column("entity_recall", "entity recall"),
            _column("triple_recall", "triple recall"), _column("answer_in_index", "answer in index"),
-           _column("mean_answer_step", "answer step")]
+           _column("mean_answer_step", "answer step"), _column("evidence_n", "evidence n"),
+           _column("evidence_strict_f1", "evidence F1 strict"), _column("evidence_strict_em", "evidence EM strict"),
+           _column("evidence_relaxed_f1", "evidence F1 relaxed"),
+           _column("evidence_relaxed_recall", "evidence recall relaxed"), _column("evidence_na", "evidence n/a"),
+           _column("evidence_no_gold", "no gold evidence")]
 
 
 def quality_markdown(rows: list[dict[str, Any]]) -> str:

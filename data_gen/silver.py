@@ -243,18 +243,18 @@ def no_chain_trace(c: ChainState, prompts: PromptSet, retriever: Retriever) -> T
 def silver(cfg: SilverConfig, retriever: Retriever | None = None) -> tuple[Path, list[Trace]]:
     """Build every dataset's silver trajectories into OUT/trajectories/shard-00000-of-00001.jsonl
     (written whole, then renamed: a rerun rebuilds it)."""
-    from kair_runtime.retrieval import build_retriever
+    from kair_runtime.runtime import build_retriever, retriever_config_over
 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     questions = load_questions(cfg.datasets)
-    corpus = cfg.corpus or cfg.runtime.retriever.corpus
-    if corpus is None:
-        corpus = str(closed_corpus(cfg.datasets, cfg.extra_corpus, out / "corpus.jsonl"))
-    if retriever is None:
-        rc = cfg.runtime.retriever
-        retriever = build_retriever(rc if rc.index_dir else dataclasses.replace(rc, corpus=str(corpus)))
-    traces = run_silver(questions, retriever, cfg.runtime, corpus)
+    # runtime.retriever_config_over's rule, with this command's own `corpus` key, when set, in place
+    # of retriever.corpus; gold paragraphs map into the passages the retriever returns ids from.
+    rc = cfg.runtime.retriever
+    rc = dataclasses.replace(rc, corpus=cfg.corpus) if cfg.corpus else rc
+    rc, passages = retriever_config_over(
+        rc, lambda: closed_corpus(cfg.datasets, cfg.extra_corpus, out / "corpus.jsonl"))
+    traces = run_silver(questions, retriever or build_retriever(rc), cfg.runtime, passages)
     path = shard_path(out, 0, 1)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)

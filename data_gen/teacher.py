@@ -30,13 +30,13 @@ from typing import Callable, Iterator
 
 from data_gen.store import (DataSpec, closed_corpus, load_questions, shard_path, trajectory_key,
                             without_context)
-from kair_runtime.config import ConfigError, RuntimeConfig, to_dict
+from kair_runtime.config import ConfigError, RetrieverConfig, RuntimeConfig, to_dict
 from kair_runtime.jsonl import JsonlWriter, recover, replace_records
 from kair_runtime.llm.base import LLM
-from kair_runtime.loop import KairLoop
 from kair_runtime.records import Question, Trace
 from kair_runtime.retrieval.base import Retriever
 from kair_runtime.rundir import claim
+from kair_runtime.runtime import build_loop, retriever_config_over
 
 
 @dataclass
@@ -115,14 +115,13 @@ def resolved_for_claim(cfg: GenerateConfig) -> dict:
     return d
 
 
-def prepare_retriever_config(cfg: GenerateConfig, out_dir: Path):
-    """The retriever as configured if it names an index dir; else over `corpus`, or over the
-    closed corpus of the training sets built into OUT."""
+def prepare_retriever_config(cfg: GenerateConfig, out_dir: Path) -> tuple[RetrieverConfig, Path]:
+    """runtime.retriever_config_over's rule, with this command's own `corpus` key, when set, in
+    place of `retriever.corpus`: the index dir, else that corpus, else the closed corpus of the
+    training sets built into OUT (only then)."""
     rc = cfg.runtime.retriever
-    if rc.index_dir:
-        return rc
-    corpus = cfg.corpus or rc.corpus or str(closed_corpus(cfg.datasets, cfg.extra_corpus, out_dir / "corpus.jsonl"))
-    return dataclasses.replace(rc, corpus=str(corpus))
+    rc = dataclasses.replace(rc, corpus=cfg.corpus) if cfg.corpus else rc
+    return retriever_config_over(rc, lambda: closed_corpus(cfg.datasets, cfg.extra_corpus, out_dir / "corpus.jsonl"))
 
 
 def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever | None = None,
@@ -132,8 +131,8 @@ def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever |
     retry_failed also those recorded with an error. `llm` and `retriever` default to the ones the
     config names (tests pass small real ones); `questions` replaces the ones cfg.datasets would
     load (`kair demo` passes its own)."""
-    from kair_runtime.llm import build_llm, close_llm
-    from kair_runtime.retrieval import build_retriever
+    from kair_runtime.llm import close_llm
+    from kair_runtime.runtime import build_llm, build_retriever
 
     out_dir = Path(cfg.out_dir)
     samples = sample_grid(cfg.sampling)
@@ -149,7 +148,7 @@ def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever |
     if len(existing) == total and not retry:
         return result
 
-    retriever = retriever or build_retriever(prepare_retriever_config(cfg, out_dir))
+    retriever = retriever or build_retriever(prepare_retriever_config(cfg, out_dir)[0])
     owned = llm is None  # built here, so closed here (vLLM's engine processes)
     llm = llm or build_llm(cfg.runtime.llm)
     try:
@@ -206,7 +205,7 @@ def _waves(cfg: GenerateConfig, llm: LLM, retriever: Retriever, questions: list[
         if todo:
             loop_cfg = dataclasses.replace(cfg.runtime.loop, temperature=sample.temperature, seed=sample.seed)
             extra = sample_extra(cfg, sample)
-            yield KairLoop(llm, retriever, loop_cfg).iter_run(todo, on_start=lambda s, e=extra: s.trace.extra.update(e))
+            yield build_loop(llm, retriever, loop_cfg).iter_run(todo, on_start=lambda s, e=extra: s.trace.extra.update(e))
 
 
 def existing_trajectories(path: Path, questions: list[Question], samples: list[Sample]) -> dict[str, bool]:

@@ -34,6 +34,7 @@ from kair_runtime.parser import parse_step_output
 from kair_runtime.prompts import PromptSet
 from kair_runtime.records import Message, Question, ScoredPassage, Step, Trace
 from kair_runtime.retrieval.base import Retriever
+from kair_runtime.runtime import build_loop
 
 PROMPT_DIR = Path(__file__).parent / "prompts"
 
@@ -90,7 +91,7 @@ class _NamedLoop:
 
 def _loop(name: str, llm, retriever, settings: MethodSettings, final_docs, **overrides) -> _NamedLoop:
     cfg = dataclasses.replace(settings.loop, **overrides)
-    return _NamedLoop(name, KairLoop(llm, retriever, cfg, final_docs=final_docs))
+    return _NamedLoop(name, build_loop(llm, retriever, cfg, final_docs=final_docs))
 
 
 @register_method("kair")

@@ -10,7 +10,8 @@ Evaluate every (model, dataset, method) combination and write a run folder:
     RUN/plots/*.png                              F1, step distribution, index size per step
 
 Retrieval is over each dataset's closed corpus (the paragraphs of the file evaluated, unless
-`corpus`/`corpus_from` say otherwise), or over the prebuilt index of `runtime.retriever.index_dir`.
+`corpus`/`corpus_from` say otherwise), or over the prebuilt index of `runtime.retriever.index_dir`,
+or over the one corpus `runtime.retriever.corpus` names (kair_runtime/runtime.py's rule).
 A rerun of the same command continues where it stopped: finished questions are read back from
 traces.jsonl (a torn last line from a kill is dropped) and only the rest are run. A question whose
 run failed (its trace has `error` set, e.g. the backend was down) is kept as a failure, scored 0;
@@ -35,13 +36,14 @@ from eval.methods import METHODS, MethodSettings, build_method
 from eval.report import markdown_report, results_table, summarize, write_plots
 from eval.specs import DatasetSpec, dataset_entries
 from eval.table import Column, Table
-from kair_runtime.config import ConfigError, RuntimeConfig, apply_overrides, from_dict, read_yaml, to_dict
+from kair_runtime.config import ConfigError, RuntimeConfig, config_data, from_dict, to_dict
 from kair_runtime.errors import USER_ERRORS
 from kair_runtime.jsonl import JsonlWriter, atomic_write_text, recover, replace_records
 from kair_runtime.llm import AdapterSwitcher
 from kair_runtime.records import Question, ScoredPassage, Trace
-from kair_runtime.retrieval import Retriever, build_retriever
+from kair_runtime.retrieval import Retriever
 from kair_runtime.rundir import claim
+from kair_runtime.runtime import retriever_over
 
 
 @dataclass
@@ -134,15 +136,10 @@ def corpus_file_name(pairs: list[tuple[str, str]]) -> str:
 
 
 def retriever_for(spec: DatasetSpec, cfg: EvalConfig, run_dir: Path) -> tuple[Retriever, Path]:
-    """The retriever a dataset is evaluated with, and the passages file its gold ids map into:
-    the prebuilt index of `retriever.index_dir` when set, else one built over its closed corpus."""
-    from kair_runtime.retrieval.store import PASSAGES
-
-    rc = cfg.runtime.retriever
-    if rc.index_dir:
-        return build_retriever(rc), Path(rc.index_dir) / PASSAGES
-    corpus = corpus_for(spec, run_dir / "corpora")
-    return build_retriever(dataclasses.replace(rc, corpus=str(corpus))), corpus
+    """The retriever a dataset is evaluated with, and the passages file its gold ids map into, by
+    runtime.retriever_over's rule: `retriever.index_dir`, else `retriever.corpus`, else the
+    dataset's own corpus (built into RUN/corpora/ only then)."""
+    return retriever_over(cfg.runtime.retriever, lambda: corpus_for(spec, run_dir / "corpora"))
 
 
 def check_eval_config(cfg: EvalConfig) -> None:
@@ -168,9 +165,12 @@ def check_eval_config(cfg: EvalConfig) -> None:
         if spec.limit is not None and (spec.limit < 1 or cfg.sample is not None):
             raise ConfigError(f"datasets[{i}] ({spec.name}): limit must be >= 1 and cannot go with sample, "
                               f"got limit {spec.limit}, sample {cfg.sample}")
-        if cfg.runtime.retriever.index_dir and (spec.corpus or spec.corpus_from or spec.extra_corpus):
-            raise ConfigError(f"datasets[{i}] ({spec.name}) sets a corpus, and runtime.retriever.index_dir "
-                              f"names an index to retrieve from; set one of the two")
+        rc = cfg.runtime.retriever  # either one wins over a dataset's corpus (runtime.retriever_over)
+        key = "index_dir" if rc.index_dir else "corpus" if rc.corpus else None
+        if key and (spec.corpus or spec.corpus_from or spec.extra_corpus):
+            what = "an index" if rc.index_dir else "a corpus"
+            raise ConfigError(f"datasets[{i}] ({spec.name}) sets a corpus, and runtime.retriever.{key} "
+                              f"names {what} to retrieve from; set one of the two")
 
 
 def final_docs_fn(robust: RobustnessConfig, shuffle_seed: int | None, gold_ids: dict[str, set[str]]):
@@ -231,13 +231,21 @@ def run_eval(cfg: EvalConfig, run_dir: Path, progress: bool = True, retry_failed
 
                     with tqdm(total=len(questions), desc=f"{tag} {spec.label} {label}", disable=not progress,
                               unit="q") as bar:
-                        traces = resume_traces(make_method, questions, path, bar.update, cfg.chunk_size,
-                                               retry_failed)
-                    summary = summarize(traces, gold)
+                        _, summary = evaluate_one(make_method, questions, gold, path, bar.update, cfg.chunk_size,
+                                                  retry_failed)
                     summary["skipped_malformed"] = len(skipped)  # not in n: they never became questions
                     rows.append({"model": tag, "dataset": spec.label, "method": label, "summary": summary})
     write_reports(rows, run_dir)
     return rows
+
+
+def evaluate_one(make_method, questions: list[Question], gold: dict[str, set[str]], path: Path, advance,
+                 chunk_size: int = 16, retry_failed: bool = False) -> tuple[list[Trace], dict]:
+    """One (model, dataset, method) combination, as `kair eval` and `kair demo` run it: every
+    question's trace (resumed from `path`, see resume_traces) and their summary scored against
+    `gold` (question id -> gold passage ids)."""
+    traces = resume_traces(make_method, questions, path, advance, chunk_size, retry_failed)
+    return traces, summarize(traces, gold)
 
 
 def resume_traces(make_method, questions: list[Question], path: Path, advance,
@@ -367,19 +375,14 @@ def failures_line(rows: list[dict]) -> str:
 
 
 def load_eval_config(path: str, overrides: list[str], **flags) -> EvalConfig:
-    data = read_yaml(path)
-    apply_overrides(data, overrides)
-    if flags.get("model"):
-        data.setdefault("runtime", {}).setdefault("llm", {})["model"] = flags["model"]
-    if flags.get("adapter"):
-        data.setdefault("runtime", {}).setdefault("llm", {})["adapter"] = flags["adapter"]
-    if flags.get("datasets"):
-        data["datasets"] = dataset_entries(flags["datasets"], DatasetSpec, data.get("datasets", []))
-    if flags.get("methods"):
-        data["methods"] = flags["methods"].split(",")
-    for key in ("checkpoints", "limit", "run_name", "out_dir"):
-        if flags.get(key) is not None:
-            data[key] = flags[key]
+    """The config file, then `--set`, then the flags given; `--datasets` keeps the configured
+    entry of a bare name (so it is merged after the file and --set are read)."""
+    datasets, methods = flags.pop("datasets", None), flags.pop("methods", None)
+    keys = {"model": "runtime.llm.model", "adapter": "runtime.llm.adapter"}
+    data = config_data(path, overrides, {keys.get(k, k): v for k, v in flags.items()}
+                       | {"methods": methods.split(",") if methods is not None else None})
+    if datasets is not None:
+        data["datasets"] = dataset_entries(datasets, DatasetSpec, data.get("datasets") or [])
     return from_dict(EvalConfig, data)
 
 

@@ -19,7 +19,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from kair_runtime.config import RuntimeConfig, apply_overrides, from_dict, read_yaml
+from kair_runtime.config import RuntimeConfig, load_config
 from kair_runtime.errors import USER_ERRORS
 from kair_runtime.retrieval.cli import index_app
 
@@ -54,19 +54,16 @@ def _unavailable(name: str, err: Exception):
     return cmd
 
 
+# ask's flags -> the config keys they set (over the YAML and --set; see config.load_config)
+ASK_FLAGS = {"backend": "llm.backend", "model": "llm.model", "adapter": "llm.adapter", "base_url": "llm.base_url",
+             "retriever": "retriever.kind", "index_dir": "retriever.index_dir", "corpus": "retriever.corpus",
+             "encoder": "retriever.encoder", "index_format": "loop.index_format", "max_steps": "loop.max_steps",
+             "top_k": "loop.top_k"}
+
+
 def runtime_config(config: Optional[str], overrides: list[str], **flags) -> RuntimeConfig:
     """YAML file, then `--set a.b=v` overrides, then the explicit flags that were given."""
-    data = read_yaml(config) if config else {}
-    apply_overrides(data, overrides)
-    flag_keys = {"backend": "llm.backend", "model": "llm.model", "adapter": "llm.adapter",
-                 "base_url": "llm.base_url", "retriever": "retriever.kind", "index_dir": "retriever.index_dir",
-                 "corpus": "retriever.corpus", "encoder": "retriever.encoder",
-                 "index_format": "loop.index_format", "max_steps": "loop.max_steps", "top_k": "loop.top_k"}
-    for name, value in flags.items():
-        if value is not None:
-            section, key = flag_keys[name].split(".")
-            data.setdefault(section, {})[key] = value
-    return from_dict(RuntimeConfig, data)
+    return load_config(RuntimeConfig, config, overrides, {ASK_FLAGS[name]: value for name, value in flags.items()})
 
 
 @app.command()
@@ -90,7 +87,7 @@ def ask(
     """Answer one question with the KAIR loop and show each step."""
     from kair_runtime.llm import close_llm
     from kair_runtime.records import Question
-    from kair_runtime.runtime import build_loop
+    from kair_runtime.runtime import loop_from_config
 
     try:
         cfg = runtime_config(config, set_, backend=backend, model=model, adapter=adapter, base_url=base_url,
@@ -102,7 +99,7 @@ def ask(
     console = Console(stderr=as_json)
     try:
         with console.status("loading model and retriever..."):
-            loop = build_loop(cfg)
+            loop = loop_from_config(cfg)
     except (*USER_ERRORS, ValueError, OSError) as e:  # + unknown names, bad paths, bad files
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

@@ -1,6 +1,9 @@
 """Dataclass configs loaded from YAML and overridden from the command line.
 
-    cfg = load_config(RuntimeConfig, "configs/runtime/default.yaml", ["loop.max_steps=3"])
+    cfg = load_config(RuntimeConfig, "configs/runtime/default.yaml", ["loop.max_steps=3"], {"llm.model": model})
+
+Every command reads its config with `load_config`: the YAML file, then `--set a.b=v` overrides,
+then the flags that were given (None: not given).
 
 Unknown keys are an error that names the key and the valid ones, so a typo never silently
 falls back to a default. Types are strict (a bool is not an int, a string is not a number), and
@@ -321,14 +324,29 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} must look like key.subkey=value")
-        node = data
-        *parents, leaf = key.strip().split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {p} is not a section")
-        node[leaf] = _load_yaml(raw) if raw.strip() else None
+        _set_dotted(data, key.strip(), _load_yaml(raw) if raw.strip() else None, f"override {item!r}")
     return data
+
+
+def apply_flags(data: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
+    """Set the command-line flags that were given (dotted key -> value; None means not given) on
+    a nested dict, in place. Values are set as given, not parsed: `--model 123` is the string "123"."""
+    for key, value in flags.items():
+        if value is not None:
+            _set_dotted(data, key, value, f"flag for {key}")
+    return data
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any, what: str) -> None:
+    node = data
+    *parents, leaf = key.split(".")
+    for p in parents:
+        if node.get(p) is None:  # absent, or `section:` left empty in the YAML (from_dict's defaults)
+            node[p] = {}
+        node = node[p]
+        if not isinstance(node, dict):
+            raise ConfigError(f"{what}: {p} is not a section")
+    node[leaf] = value
 
 
 class _ConfigLoader(yaml.SafeLoader):
@@ -357,10 +375,22 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
+def config_data(path: str | Path | None = None, overrides: list[str] | None = None,
+                flags: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one precedence of every command: the YAML file (optional), then the `--set a.b=v`
+    overrides (YAML-parsed), then the flags that were given (see apply_flags)."""
     data = read_yaml(path) if path else {}
     apply_overrides(data, overrides or [])
-    return from_dict(cls, data)
+    return apply_flags(data, flags or {})
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+                flags: dict[str, Any] | None = None) -> T:
+    """Dataclass `cls` from `config_data(path, overrides, flags)`, checked by from_dict.
+
+        load_config(DemoConfig, "configs/demo/smoke.yaml", ["train.steps=4"], {"runtime.llm.model": model})
+    """
+    return from_dict(cls, config_data(path, overrides, flags))
 
 
 def save_config(cfg: Any, path: str | Path) -> None:

@@ -28,7 +28,7 @@ def config_class(path: Path):
         from eval.run import EvalConfig
         return EvalConfig
     if kind == "demo":
-        from data_gen.demo import DemoConfig
+        from pipeline.demo_config import DemoConfig
         return DemoConfig
     return None
 
@@ -74,7 +74,7 @@ def test_a_float_written_without_a_dot_is_a_number():
 def test_a_section_override_keeps_the_fields_own_default_for_the_other_keys():
     """`kair demo --set runtime.llm.backend=vllm` once replaced the demo's compact runtime (2 steps,
     top-3, 96 step tokens, float32) with RuntimeConfig's defaults (4 steps, top-5, 384 tokens)."""
-    from data_gen.demo import DemoConfig, load_demo_config
+    from pipeline.demo_config import DemoConfig, load_demo_config
 
     default = DemoConfig().runtime
     cfg = load_demo_config(None, ["runtime.llm.backend=vllm", "runtime.llm.kv_cache_gib=1"], max_steps=3)

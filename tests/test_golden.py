@@ -52,14 +52,15 @@ def _datagen_conftest():
 def demo_loop(fmt: str):
     from kair_runtime.config import LoopConfig
 
-    # the smoke demo's loop (data_gen.demo._smoke_runtime), with the format varied
+    # the smoke demo's loop (pipeline.demo_config._smoke_runtime), with the format varied
     return LoopConfig(index_format=fmt, max_steps=2, top_k=3, step_max_tokens=96, answer_max_tokens=16,
                       max_passage_words=40)
 
 
 def observe_g1(root: Path) -> dict[str, str]:
     """sha256 of the silver trajectories JSONL, per index format, BM25 over the demo corpus."""
-    from data_gen.demo import DemoConfig, demo_sets
+    from pipeline.demo_config import DemoConfig
+    from pipeline.demo_sets import demo_sets
     from data_gen.silver import run_silver
     from kair_runtime.config import RetrieverConfig, RuntimeConfig
     from kair_runtime.jsonl import JsonlWriter
@@ -273,7 +274,8 @@ def observe_g7(root: Path, tiny_model_dir: Path) -> dict[str, object]:
     import torch
     from rich.console import Console
 
-    from data_gen.demo import DemoConfig, TrainSettings, run_demo
+    from pipeline.demo import run_demo
+    from pipeline.demo_config import DemoConfig, TrainSettings
     from kair_runtime.config import LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig
 
     (root / "tiny-student").symlink_to(tiny_model_dir)
@@ -314,7 +316,7 @@ def observe_g7(root: Path, tiny_model_dir: Path) -> dict[str, object]:
 
 
 def test_g7_smoke_demo_with_the_tiny_model(tmp_path, tiny_model_dir, monkeypatch):
-    """`kair demo` at toy scale (tests/data_gen/test_demo.py's config): data stats, the SFT train
+    """`kair demo` at toy scale (tests/pipeline/test_demo.py's config): data stats, the SFT train
     file, the two LoRA losses (rel 1e-5, one torch thread), the three result rows, results.md,
     the console table and serve.yaml. Issue 16 step 13 moves the demo into pipeline/ on the
     shared pieces; its outputs must stay."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections import deque
 from typing import Callable
 
 from kair_runtime.llm.base import BackendError, Completion, SamplingParams
@@ -19,11 +20,16 @@ Respond = Callable[[list[Message]], str]
 _DOC_LINE = re.compile(r"^\[(\d+)\] ([^:\n]+):", re.MULTILINE)
 
 
+CALLS_KEPT = 4096
+
+
 class ScriptedLLM:
     def __init__(self, respond: Respond, name: str = "scripted"):
         self.respond = respond
         self.name = name
-        self.calls: list[int] = []  # batch size of every generate() call, for batching tests
+        # The batch size of each recent generate() call, read by batching tests; bounded because
+        # `kair serve` with this backend runs for as long as the server does.
+        self.calls: deque[int] = deque(maxlen=CALLS_KEPT)
 
     def generate(self, prompts: list[list[Message]], sampling: SamplingParams) -> list[Completion]:
         if sampling.grammar:

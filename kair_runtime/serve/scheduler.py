@@ -34,6 +34,7 @@ from kair_runtime.llm.base import LLM, check_no_repeat_ngram
 from kair_runtime.loop import KairLoop, QuestionState
 from kair_runtime.records import Question, Step, Trace
 from kair_runtime.retrieval.base import Retriever
+from kair_runtime.runtime import build_loop
 
 log = logging.getLogger("kair.serve")
 
@@ -138,7 +139,7 @@ class Scheduler:
         if loop is None:
             cfg = dataclasses.replace(self.base, index_format=settings.index_format, top_k=settings.top_k,
                                       max_steps=settings.max_steps)
-            loop = self._loops[settings] = KairLoop(self.llm, self.retriever, cfg)
+            loop = self._loops[settings] = build_loop(self.llm, self.retriever, cfg)
         return loop
 
     # ------------------------------------------------------------ worker thread

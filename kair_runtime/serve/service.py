@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 from kair_runtime.index import INDEX_FORMATS, get_format
-from kair_runtime.llm import build_llm, close_llm
+from kair_runtime.llm import close_llm
 from kair_runtime.llm.base import LLM
 from kair_runtime.records import Question, Step, Trace
-from kair_runtime.retrieval import build_retriever
 from kair_runtime.retrieval.base import Retriever
+from kair_runtime.runtime import build_llm, retriever_over
 from kair_runtime.serve.bodies import AnswerRequest, RequestError, answer_body, corpus_size, step_summary, versions
 from kair_runtime.serve.config import ServeConfig
 from kair_runtime.serve.scheduler import Scheduler, SchedulerBusy, Settings, Ticket
@@ -193,7 +193,7 @@ class Job:
 
 
 def default_builder(cfg: ServeConfig) -> Builder:
-    return lambda: (build_llm(cfg.llm), build_retriever(cfg.retriever))
+    return lambda: (build_llm(cfg.llm), retriever_over(cfg.retriever)[0])
 
 def info_body(service: Service) -> dict[str, Any]:
     cfg, sched = service.cfg, service.scheduler

@@ -132,3 +132,23 @@ def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path, shared_data):
 def test_generate_config_rejects_unknown_keys():
     with pytest.raises(ConfigError, match="sampling.temperature"):
         from_dict(GenerateConfig, {"sampling": {"temperature": [0.7]}})
+
+
+def test_the_teachers_retriever_follows_the_one_precedence(tmp_path):
+    # index_dir, else the command's own `corpus` (in place of retriever.corpus), else
+    # retriever.corpus, else the training sets' closed corpus; nothing is built that is not used.
+    from data_gen.teacher import prepare_retriever_config
+    from kair_runtime.config import RetrieverConfig
+
+    def cfg(**rc) -> GenerateConfig:
+        return GenerateConfig(runtime=RuntimeConfig(retriever=RetrieverConfig(kind="bm25", **rc)))
+
+    c = cfg(index_dir=str(tmp_path / "index"), corpus="given.jsonl")
+    c.corpus = "own.jsonl"
+    assert prepare_retriever_config(c, tmp_path)[1] == tmp_path / "index" / "passages.jsonl"
+    c = cfg(corpus="given.jsonl")
+    assert prepare_retriever_config(c, tmp_path)[0].corpus == "given.jsonl"
+    c.corpus = "own.jsonl"
+    rc, passages = prepare_retriever_config(c, tmp_path)
+    assert rc.corpus == "own.jsonl" and passages == Path("own.jsonl")
+    assert not (tmp_path / "corpus.jsonl").exists()

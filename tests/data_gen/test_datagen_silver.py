@@ -215,3 +215,24 @@ def test_an_oracle_failure_is_raised_not_recorded(setup, monkeypatch):
     _, corpus, retriever = setup
     with pytest.raises(KeyError, match="no such hop"):
         run_silver(load_questions([DataSpec("hotpotqa", limit=2)]), retriever, RuntimeConfig(), corpus)
+
+
+def test_with_an_index_dir_gold_maps_into_the_index_and_no_corpus_is_built(setup, kr, tmp_path):
+    # runtime.retriever_config_over's rule: the index's passages.jsonl is where retrieved ids come
+    # from, so the gold paragraphs are looked up there (not in a closed corpus built for nothing).
+    from typer.testing import CliRunner
+
+    from kair_runtime.retrieval.cli import index_app
+
+    root, corpus, _ = setup
+    res = CliRunner().invoke(index_app, ["build", "--corpus", str(corpus), "--out", str(tmp_path / "index"),
+                                         "--retriever", "bm25"])
+    assert res.exit_code == 0, res.output
+    cfg = SilverConfig(runtime=RuntimeConfig(retriever=RetrieverConfig(kind="bm25", index_dir=str(tmp_path / "index")),
+                                             loop=LoopConfig(index_format="kr", max_steps=4, top_k=5)),
+                       datasets=[dataclasses.replace(s) for s in SPECS], out_dir=str(tmp_path / "out"))
+    _, traces = silver(cfg)
+    assert not (tmp_path / "out" / "corpus.jsonl").exists()
+    # The index holds the same passages under the same ids: the same trajectories as over the corpus.
+    assert [(t.final_output, t.extra["complete"], [[p.id for p in s.retrieved] for s in t.steps]) for t in traces] == \
+           [(t.final_output, t.extra["complete"], [[p.id for p in s.retrieved] for s in t.steps]) for t in kr[1]]

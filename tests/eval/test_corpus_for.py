@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from data_gen.demo import DemoConfig, benchmark_sets
+from pipeline.demo_config import DemoConfig
+from pipeline.demo_sets import benchmark_sets
 from data_gen.store import DataSpec, closed_corpus
 from eval.corpus import SOURCES_SUFFIX, cached_corpus, corpus_for
 from eval.datasets import shared_data_dir

@@ -79,8 +79,43 @@ def test_an_index_and_a_dataset_corpus_together_are_refused(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_configured_retriever_corpus_wins_over_the_dataset_corpus(tmp_path):
+    # runtime.retriever_over's rule, as in ask, the teacher, silver and serve: index_dir, then
+    # retriever.corpus, then the dataset's closed corpus (not built when not used).
+    corpus = tmp_path / "musique.jsonl"
+    build_corpus([("musique", "dev")], out=corpus)
+    cfg = config()
+    cfg.runtime.retriever.corpus = str(corpus)
+    run = tmp_path / "run"
+    rows = run_eval(cfg, run, progress=False)
+    assert not (run / "corpora").exists()
+    given = {json.loads(line)["id"] for line in corpus.read_text().splitlines()}
+    traces = recover(next(run.rglob("traces.jsonl")))
+    assert {p["id"] for t in traces for s in t["steps"] for p in s["retrieved"]} <= given
+    assert rows[0]["summary"]["recall"]["questions_with_gold"] == 3
+    cfg.datasets = [DatasetSpec("musique", corpus_from=["hotpotqa:dev"])]
+    with pytest.raises(ValueError, match="runtime.retriever.corpus names a corpus to retrieve from; set one of the two"):
+        run_eval(cfg, tmp_path / "run2", progress=False)
+
+
+def test_eval_flags_override_the_file_and_set(tmp_path):
+    from eval.run import load_eval_config
+
+    path = tmp_path / "e.yaml"
+    path.write_text("runtime: {llm: {model: from-yaml}}\nmethods: [kair]\n"
+                    "datasets: [{name: musique, split: dev, corpus_from: ['hotpotqa:dev']}]\n", encoding="utf-8")
+    cfg = load_eval_config(str(path), ["runtime.llm.model=from-set", "limit=4"], model="from-flag", adapter=None,
+                           checkpoints=None, datasets="musique,hotpotqa", methods="kair,vanilla", limit=None,
+                           run_name="r", out_dir=None)
+    assert (cfg.runtime.llm.model, cfg.limit, cfg.run_name, cfg.methods) == ("from-flag", 4, "r", ["kair", "vanilla"])
+    # a bare name keeps the configured entry (with its corpus settings); a new one gets the dev split
+    assert [(d.name, d.split, d.corpus_from) for d in cfg.datasets] == [("musique", "dev", ["hotpotqa:dev"]),
+                                                                        ("hotpotqa", "dev", [])]
+
+
 def test_the_demo_retrieves_from_a_prebuilt_index(tmp_path):
-    from data_gen.demo import DemoConfig, benchmark_sets
+    from pipeline.demo_config import DemoConfig
+    from pipeline.demo_sets import benchmark_sets
 
     index = tmp_path / "index"
     corpus = tmp_path / "c.jsonl"

@@ -12,21 +12,11 @@ import pytest
 import yaml
 from rich.console import Console
 
-from data_gen.chains import demo_chain, with_passages
-from data_gen.demo import DemoConfig, TrainSettings, load_demo_config, run_demo
+from eval.run import evaluate_one
 from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig
-from kair_runtime.demo_data import load_demo_corpus, load_demo_questions
-
-
-def test_demo_chain_follows_the_gold_decomposition():
-    passages = {p.id: p for p in load_demo_corpus()}
-    q = with_passages(load_demo_questions("train")[:1], passages)[0]
-    hops = demo_chain(q, None)
-    assert [h.doc_ids for h in hops] == [[pid] for pid in q.metadata["supporting_ids"]]
-    assert hops[0].queries[0] == q.metadata["decomposition"][0]["question"]
-    # Every evidence triple lands on exactly one hop; the first hop's object is its answer.
-    assert sum(len(h.triples) for h in hops) == len(q.metadata["evidences"])
-    assert hops[0].triples[0][2].lower().endswith("glass herons")
+from pipeline.demo import run_demo
+from pipeline.demo_config import DemoConfig, TrainSettings, load_demo_config
+from pipeline.demo_sets import demo_sets
 
 
 def test_smoke_config_is_the_builtin_default():
@@ -50,6 +40,11 @@ def test_flags_override_the_config(tmp_path):
         load_demo_config(None, ["eval_runs=[tuned]"])
     with pytest.raises(ConfigError, match="eval_runs: empty"):
         load_demo_config(None, ["eval_runs=[]"])
+    # One corpus for every set would leave each set's gold ids pointing into its own corpus.
+    with pytest.raises(ConfigError, match="runtime.retriever.corpus: the demo searches each question set's own"):
+        load_demo_config(None, [f"runtime.retriever.corpus={tmp_path / 'c.jsonl'}"])
+    # Flags are values as given, not YAML: a numeric-looking model name stays a name.
+    assert load_demo_config(None, [], model="123").runtime.llm.model == "123"
 
 
 def tiny_cfg(tmp_path, tiny_model_dir, **kw) -> DemoConfig:
@@ -103,6 +98,17 @@ def test_demo_runs_every_stage_with_the_tiny_model(tmp_path, tiny_model_dir, mon
     assert not again["trained_this_run"]
     assert [r["summary"]["f1"] for r in again["rows"]] == [r["summary"]["f1"] for r in info["rows"]]
     assert (out / "traces" / "demo-dev" / "tuned-kair.jsonl").read_text().count("\n") == 2
+    # The demo evaluates through `kair eval`'s unit: evaluate_one reads its traces back, runs nothing
+    # (no method is built), and scores them into the demo's row.
+    _, (dev,) = demo_sets(cfg)
+
+    def no_method():
+        raise AssertionError("every dev question has a trace: nothing should run")
+
+    traces, summary = evaluate_one(no_method, dev.questions, dev.gold, out / "traces" / "demo-dev" / "tuned-kair.jsonl",
+                                   lambda n: None)
+    assert [t.question.id for t in traces] == [q.id for q in dev.questions]
+    assert summary == info["rows"][2]["summary"]
     # eval_runs picks the comparisons: the tuned row alone, the same figures.
     only = run_demo(dataclasses.replace(cfg, eval_runs=["tuned-kair"]), Console(record=True, width=160))
     assert [(r["model"].split()[-1], r["method"]) for r in only["rows"]] == [("(tuned)", "kair")]
@@ -142,7 +148,7 @@ def test_demo_on_benchmark_files_trains_and_evaluates_each_dev_set(tmp_path, tin
 
 
 def test_a_dataset_without_its_split_is_a_config_error(tmp_path):
-    from data_gen.demo import benchmark_sets
+    from pipeline.demo_sets import benchmark_sets
 
     cfg = load_demo_config(None, [f"data_dir={tmp_path}", "train_sets=[musique]"])
     with pytest.raises(ConfigError, match="name:split"):

@@ -1,0 +1,119 @@
+"""The demo's settings: DemoConfig (what `kair demo --config configs/demo/*.yaml` reads), the
+student's training settings, the checks run before any stage, and the claim on OUT/traces/."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eval.specs import DatasetSpec, TrainSet
+from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig, load_config, \
+    to_dict
+from kair_runtime.rundir import claim
+
+QUESTIONS_FILE = "demo_questions.jsonl"
+CORPUS_FILE = "demo_corpus.jsonl"
+
+
+def _smoke_runtime() -> RuntimeConfig:
+    # Compact prompts keep a CPU step to seconds: 3 passages of at most 40 words, short outputs.
+    return RuntimeConfig(
+        llm=LLMConfig(backend="hf", model="smollm2-135m", device="cpu", dtype="float32", batch_size=8),
+        retriever=RetrieverConfig(kind="dense", encoder="minilm"),
+        loop=LoopConfig(index_format="kr", max_steps=2, top_k=3, step_max_tokens=96, answer_max_tokens=16,
+                        max_passage_words=40))
+
+
+@dataclass
+class TrainSettings:
+    """The student's SFT run (train/sft.py keys). The default is a handful of LoRA steps at a high
+    rate: enough for the adapter to pick up the output layout, not to learn the task."""
+
+    steps: int = 12
+    learning_rate: float = 1.0e-3
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0
+    batch_size: int = 4
+    use_peft: bool = True  # false: full fine-tuning (a 135M model fits in CPU memory)
+    lora_r: int = 16
+    lora_alpha: int = 32
+    max_length: int = 1024
+    save_steps: int = 0  # > 0: a checkpoint and a validation loss every N steps
+    seed: int = 0
+    # A checkpoint dir of an earlier run with the same data: its weights, optimizer, scheduler step
+    # and data position are restored and training goes on to `steps` (the schedule is over `steps`).
+    resume_from_checkpoint: str | None = None
+
+
+# The runs stage 4 can compare, by name: (row label, method, tuned student?)
+EVAL_RUNS: dict[str, tuple[str, str, bool]] = {"prompted-kair": ("prompted", "kair", False),
+                                               "prompted-vanilla": ("prompted", "vanilla", False),
+                                               "tuned-kair": ("tuned", "kair", True)}
+
+
+def _dev_sets() -> list[DatasetSpec | str]:
+    # A 2Wiki dev question's own paragraphs are a small corpus; the benchmark folder also ships the
+    # paragraphs of a 1,000-question dev sample, which the closed corpus of 2Wiki dev includes.
+    return ["hotpotqa:dev", "musique:dev",
+            DatasetSpec("2wikimultihopqa", "dev", extra_corpus=["2wikimultihopqa/corpus_6119.json"])]
+
+
+@dataclass
+class DemoConfig:
+    runtime: RuntimeConfig = field(default_factory=_smoke_runtime)  # llm.model is the student
+    out_dir: str = "runs/demo"
+    data_dir: str | None = None  # None: the embedded demo; else a demo-layout or benchmark folder
+    # With a benchmark folder only: `name:split` strings or eval.specs mappings ({name, split, path, limit,
+    # extra_corpus}); a split's file and relative extra_corpus paths are under data_dir. A string
+    # naming the set of a mapping below takes its settings (2Wiki dev: its extra paragraphs).
+    train_sets: list[TrainSet | str] = field(default_factory=lambda: ["hotpotqa:train", "musique:train"])
+    dev_sets: list[DatasetSpec | str] = field(default_factory=_dev_sets)
+    teacher: LLMConfig | None = None  # an LLM whose KAIR trajectories join the silver ones
+    min_f1: float = 1.0  # answer F1 a trajectory needs to become training data
+    train: TrainSettings = field(default_factory=TrainSettings)
+    validation_fraction: float = 0.1  # of the train questions, held out for the SFT validation split
+    dev_limit: int | None = None  # the first N questions of each dev set (None: all)
+    # Which EVAL_RUNS stage 4 runs; e.g. [tuned-kair] to measure the student alone (after a change to
+    # the loop settings, in a new out_dir: OUT/traces/ refuses to resume under other settings).
+    eval_runs: list[str] = field(default_factory=lambda: list(EVAL_RUNS))
+
+
+# ---------------------------------------------------------------- checks, the traces' owner, loading
+
+
+def check_config(cfg: DemoConfig) -> None:
+    """The settings that would otherwise fail only at the training stage, after the index and data stages."""
+    unknown = [name for name in cfg.eval_runs if name not in EVAL_RUNS]
+    if unknown or not cfg.eval_runs:
+        raise ConfigError(f"eval_runs: {unknown or 'empty'}; choose among {', '.join(EVAL_RUNS)}")
+    if cfg.runtime.retriever.corpus:
+        raise ConfigError("runtime.retriever.corpus: the demo searches each question set's own corpus; "
+                          "use runtime.retriever.index_dir for one prebuilt index")
+    t = cfg.train
+    if t.steps < 1:
+        raise ConfigError(f"train.steps must be >= 1, got {t.steps}")
+    if t.resume_from_checkpoint and not (Path(t.resume_from_checkpoint) / "trainer_state.json").is_file():
+        raise ConfigError(f"train.resume_from_checkpoint: {t.resume_from_checkpoint} is not a trainer "
+                          "checkpoint (no trainer_state.json)")
+
+
+# Settings that may change between runs into one out_dir without invalidating its traces
+# (greedy batched decoding equals one at a time, tests/kair_runtime/llm).
+TRACE_NEUTRAL = ("out_dir", "dev_limit", "dev_sets", "eval_runs", "runtime.llm.batch_size", "runtime.loop.round_size")
+
+
+def claim_traces(cfg: DemoConfig, out: Path) -> None:
+    """OUT/traces/ belongs to the settings that made it: resuming them under another loop, model or
+    training setting would mix two runs in one table, so that is an error, not a resume."""
+    claim(out / "traces", to_dict(cfg), DemoConfig, file="settings.yaml", neutral=TRACE_NEUTRAL,
+          holds="traces made with other settings", hint="use another --out, or delete that folder to regenerate them")
+
+
+
+def load_demo_config(config: str | None, overrides: list[str], **flags) -> DemoConfig:
+    """YAML (optional), then `--set a.b=v`, then the explicit flags that were given."""
+    keys = {"out": "out_dir", "data": "data_dir", "train_steps": "train.steps", "max_steps": "runtime.loop.max_steps",
+            "model": "runtime.llm.model", "dev_limit": "dev_limit"}
+    cfg = load_config(DemoConfig, config, overrides, {keys[k]: v for k, v in flags.items()})
+    check_config(cfg)
+    return cfg

@@ -1,0 +1,124 @@
+"""The demo's question sets, each with the corpus it retrieves from: the embedded demo world (or a
+folder in its layout), or benchmark files with a closed corpus per set (eval.corpus.corpus_for)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from data_gen.chains import with_passages
+from eval.specs import DatasetSpec, TrainSet
+from kair_runtime.config import ConfigError
+from kair_runtime.records import Question
+from pipeline.demo_config import CORPUS_FILE, QUESTIONS_FILE, DemoConfig
+
+@dataclass
+class QuestionSet:
+    """Questions with the corpus they are retrieved from, and their gold passage ids (recall)."""
+
+    label: str
+    questions: list[Question]
+    corpus: Path
+    gold: dict[str, set[str]]
+
+
+def is_benchmark_dir(data_dir: str | None) -> bool:
+    return data_dir is not None and not (Path(data_dir) / QUESTIONS_FILE).exists()
+
+
+def demo_sets(cfg: DemoConfig) -> tuple[QuestionSet, list[QuestionSet]]:
+    """The embedded demo (or a folder in its layout): one corpus for train and dev."""
+    from kair_runtime.demo_data import demo_corpus_path, demo_questions_path, load_demo_questions
+    from kair_runtime.retrieval import load_corpus
+
+    if cfg.data_dir is None:
+        questions_file, corpus = demo_questions_path(), demo_corpus_path()
+    else:
+        questions_file, corpus = Path(cfg.data_dir) / QUESTIONS_FILE, Path(cfg.data_dir) / CORPUS_FILE
+        if not corpus.is_file():
+            raise ConfigError(f"--data {cfg.data_dir}: {CORPUS_FILE} not found beside {QUESTIONS_FILE}")
+    passages = {p.id: p for p in load_corpus(corpus)}
+    train = with_passages(load_demo_questions("train", questions_file), passages)
+    dev = load_demo_questions("dev", questions_file)[:cfg.dev_limit]
+    if not train or not dev:
+        raise ConfigError(f"{questions_file}: needs train and dev questions (has {len(train)} / {len(dev)})")
+
+    def gold(qs):
+        return {q.id: set(q.metadata.get("supporting_ids", [])) for q in qs}
+
+    return (QuestionSet("demo-train", train, corpus, gold(train)),
+            [QuestionSet("demo-dev", dev, corpus, gold(dev))])
+
+
+def benchmark_specs(items: list[DatasetSpec | str], cls: type[DatasetSpec], root: Path) -> list[DatasetSpec]:
+    """train_sets or dev_sets as specs of the files they read: a `name:split` string (both parts
+    required; the default entry of that set, if DemoConfig has one, gives its other settings) or a
+    mapping; a split is read from root's copy of the shared data layout, and relative
+    extra_corpus paths are under root."""
+    defaults = [d for f in ("train_sets", "dev_sets") for d in getattr(DemoConfig(), f) if isinstance(d, DatasetSpec)]
+    specs = []
+    for item in items:
+        spec = item
+        if isinstance(item, str):
+            spec = cls.from_arg(item, strict=True)
+            spec = next((d for d in defaults if (d.name, d.split, d.path) == (spec.name, spec.split, spec.path)), spec)
+        if spec.corpus or spec.corpus_from:
+            raise ConfigError(f"{spec.name}: the demo builds each set's closed corpus from its own file; corpus "
+                              "and corpus_from are `kair eval` settings (add paragraph files with extra_corpus)")
+        path = Path(spec.path) if spec.path else benchmark_file(root, spec.name, spec.split)
+        specs.append(dataclasses.replace(spec, path=str(path), extra_corpus=[str(root / e) for e in spec.extra_corpus]))
+    return specs
+
+
+def benchmark_file(root: Path, name: str, split: str) -> Path:
+    """root's copy of a split (eval.datasets.default_path, under root instead of the shared data dir)."""
+    from eval.datasets import SPLIT_ALIASES, get_spec
+
+    spec = get_spec(name)
+    split = SPLIT_ALIASES.get(split, split)
+    if split not in spec.files:
+        raise ConfigError(f"{name} has no local {split!r} split (has: {sorted(spec.files)})")
+    path = root / spec.files[split]
+    if not path.is_file():
+        raise ConfigError(f"--data {root}: {spec.files[split]} not found")
+    return path
+
+
+def benchmark_sets(cfg: DemoConfig, out: Path) -> tuple[QuestionSet, list[QuestionSet]]:
+    """Benchmark files: the train sets share the closed corpus of their own paragraphs; each dev
+    set gets the closed corpus of its split (every question's paragraphs, not only dev_limit's).
+    With `runtime.retriever.index_dir` every set retrieves from that prebuilt index instead, and
+    its passages are the corpus gold ids map into."""
+    from data_gen.store import load_questions
+    from eval.corpus import corpus_for
+    from eval.datasets import load_dataset
+    from eval.run import gold_ids_for
+    from kair_runtime.retrieval.store import PASSAGES
+
+    root = Path(cfg.data_dir)
+    index = cfg.runtime.retriever.index_dir
+
+    def corpus_of(label: str, specs: list[DatasetSpec]) -> Path:
+        if index:
+            return Path(index) / PASSAGES
+        # Built once and reused only while its sources are unchanged: a resumed run must
+        # retrieve from the same passages. The specs read files, so the sources are named by file.
+        missing = [e for s in specs for e in s.extra_corpus if not Path(e).is_file()]
+        if missing:
+            raise ConfigError(f"--data {root}: {', '.join(missing)} not found (the extra_corpus of {label}; "
+                              "give that set as a mapping without it to leave it out)")
+        return corpus_for(specs, out / "corpora" / f"{label}.jsonl")
+
+    train_specs = benchmark_specs(cfg.train_sets, TrainSet, root)
+    train_qs = load_questions([dataclasses.replace(s, extra_corpus=[]) for s in train_specs])
+    train_corpus = corpus_of("train", train_specs)
+    train = QuestionSet("train", train_qs, train_corpus, {})
+    dev = []
+    for spec in benchmark_specs(cfg.dev_sets, DatasetSpec, root):
+        corpus = corpus_of(f"{spec.name}-{spec.split}", [spec])
+        qs = list(load_dataset(spec.name, path=spec.path, limit=spec.capped(cfg.dev_limit)))
+        dev.append(QuestionSet(spec.name, qs, corpus, gold_ids_for(qs, corpus)))
+    if not train_qs or not any(d.questions for d in dev):
+        raise ConfigError(f"--data {root}: no train or no dev questions")
+    return train, dev

@@ -1,0 +1,148 @@
+"""The demo's student: its SFT data (silver + teacher trajectories -> answer-F1 filter -> chats,
+data_gen's stages) and its training (train/sft.py from OUT/train.yaml, skipped when a student saved
+with the same settings is there)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kair_runtime.config import ConfigError, LLMConfig
+from kair_runtime.jsonl import atomic_write_text
+from kair_runtime.records import Trace
+from pipeline.demo_config import DemoConfig
+from pipeline.demo_sets import QuestionSet
+
+# ---------------------------------------------------------------- stage 2: trajectories -> SFT data
+
+
+def teacher_trajectories(cfg: DemoConfig, train: QuestionSet, retriever, out: Path) -> list[Trace]:
+    """The configured teacher's greedy KAIR trajectories over the train questions, same loop and
+    retriever as the student gets (resumable: OUT/teacher keeps what finished)."""
+    from data_gen.store import read_trajectories
+    from data_gen.teacher import GenerateConfig, SamplingGrid, generate
+
+    gen = GenerateConfig(runtime=dataclasses.replace(cfg.runtime, llm=cfg.teacher), datasets=[],
+                         corpus=str(train.corpus), sampling=SamplingGrid(temperatures=[0.0], samples_per_temperature=1),
+                         out_dir=str(out / "teacher"),
+                         # the scripted backend ignores `model`: don't record a model that never ran
+                         teacher="scripted" if cfg.teacher.backend == "scripted" else None)
+    result = generate(gen, retriever=retriever, questions=train.questions)
+    return read_trajectories(result.path)
+
+
+def make_sft_data(cfg: DemoConfig, train: QuestionSet, retriever, out: Path) -> dict[str, Any]:
+    """Silver (+ teacher) trajectories -> filter by answer F1 -> SFT chats, each in its own folder."""
+    from data_gen.filter import FilterConfig, run_filter
+    from data_gen.sft import SFTDataConfig, build_sft
+    from data_gen.silver import run_silver
+    from kair_runtime.jsonl import JsonlWriter
+
+    traces = run_silver(train.questions, retriever, cfg.runtime, train.corpus)
+    (out / "silver").mkdir(parents=True, exist_ok=True)
+    with JsonlWriter(out / "silver" / "trajectories.jsonl") as w:
+        w.write(t.to_dict() for t in traces)
+    sources = {"silver": len(traces)}
+    if cfg.teacher is not None:
+        taught = teacher_trajectories(cfg, train, retriever, out)
+        sources["teacher"] = len(taught)
+        traces = traces + taught
+    report = run_filter(FilterConfig(out_dir=str(out / "filtered"), min_f1=cfg.min_f1), traces)
+    if report["kept"] == 0:
+        raise ConfigError(f"no trajectory passed the filter (see {out / 'filtered' / 'report.md'}); "
+                          "raise max_steps or top_k, or lower min_f1")
+    stats = build_sft(SFTDataConfig(runtime=cfg.runtime, trajectories=str(out / "filtered"), out_dir=str(out / "sft"),
+                                    validation_fraction=cfg.validation_fraction, seed=cfg.train.seed))
+    return {"sources": sources, "kept": report["kept"], "reasons": report["reasons"],
+            "examples": {k: v["examples"] for k, v in stats["splits"].items()}}
+
+
+# ---------------------------------------------------------------- stage 3: SFT of the student
+
+
+def train_yaml(cfg: DemoConfig, model_dir: str, out: Path, chat_template: str = "auto") -> dict[str, Any]:
+    """The train/sft.py config of the student's run (written to OUT/train.yaml, rerunnable)."""
+    t = cfg.train
+    settings: dict[str, Any] = {"model_name_or_path": model_dir, "dtype": "float32", "use_peft": t.use_peft}
+    if t.use_peft:
+        settings.update(lora_r=t.lora_r, lora_alpha=t.lora_alpha, lora_dropout=0.0,
+                        lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                             "down_proj"])
+    settings.update({
+        "dataset_path": str(out / "sft" / "dataset"), "training_chat_template": chat_template,
+        "output_dir": str(student_dir(cfg, out)), "use_cpu": True, "bf16": False, "seed": t.seed,
+        "max_steps": t.steps, "per_device_train_batch_size": t.batch_size, "gradient_accumulation_steps": 1,
+        "learning_rate": t.learning_rate, "lr_scheduler_type": t.lr_scheduler_type, "warmup_steps": t.warmup_steps,
+        "max_length": t.max_length, "assistant_only_loss": True, "packing": False,
+        "logging_steps": max(1, min(5, t.steps // 6)), "gradient_checkpointing": False,
+        "eval_strategy": "steps" if t.save_steps else "no", "save_strategy": "steps" if t.save_steps else "no",
+        "report_to": "none", "dataloader_num_workers": 0, "disable_tqdm": False,
+    })
+    if t.save_steps:
+        settings.update(save_steps=t.save_steps, eval_steps=t.save_steps)
+    if t.resume_from_checkpoint:
+        settings["resume_from_checkpoint"] = t.resume_from_checkpoint
+    return settings
+
+
+def student_dir(cfg: DemoConfig, out: Path) -> Path:
+    return out / ("adapter" if cfg.train.use_peft else "student")
+
+
+def training_template(model: str, out: Path) -> str:
+    """training_chat_template for this student: SmolLM2's registered template, copied into the run
+    folder so the run is self-contained; any other student uses train.templates' "auto"."""
+    from train.templates import TRAINING_TEMPLATES
+
+    if model != "smollm2-135m":
+        return "auto"
+    path = out / "training_chat_template.jinja"
+    shutil.copyfile(TRAINING_TEMPLATES["smollm2"], path)
+    return str(path)
+
+
+def saved_student(path: Path) -> bool:
+    weights = (path / "adapter_config.json").is_file() or (path / "model.safetensors").is_file()
+    return weights and (path / "trainer_state.json").is_file()
+
+
+def loss_log(student: Path) -> list[dict[str, float]]:
+    """The logged training and validation losses, from the trainer_state.json saved with the student."""
+    state = json.loads((student / "trainer_state.json").read_text(encoding="utf-8"))
+    return [{k: r[k] for k in ("step", "loss", "eval_loss") if k in r} for r in state["log_history"]
+            if "loss" in r or "eval_loss" in r]
+
+
+def training_seconds(student: Path) -> float | None:
+    """How long the saved student's training took (the trainer's own train_runtime)."""
+    state = json.loads((student / "trainer_state.json").read_text(encoding="utf-8"))
+    return next((r["train_runtime"] for r in reversed(state["log_history"]) if "train_runtime" in r), None)
+
+
+def train_student(cfg: DemoConfig, out: Path, console) -> tuple[Path, list[dict[str, float]], bool]:
+    """SFT in this process; returns the student dir, the logged losses, and whether this run
+    trained (False: a student saved by the same train.yaml settings is reused)."""
+    from kair_runtime.llm.hf import resolve_model
+    from train.sft import run
+
+    model = cfg.runtime.llm.model
+    path = out / "train.yaml"
+    settings = train_yaml(cfg, resolve_model(model), out, training_template(model, out))
+    student = student_dir(cfg, out)
+    if path.exists() and yaml.safe_load(path.read_text(encoding="utf-8")) == settings and saved_student(student):
+        console.print(f"reusing {student}: {path} has the same settings and the student was saved")
+        return student, loss_log(student), False
+    atomic_write_text(path, f"# python -m train.sft --config {path}\n" + yaml.safe_dump(settings, sort_keys=False))
+    run(["--config", str(path)])
+    return student, loss_log(student), True
+
+
+def tuned_llm(cfg: DemoConfig, student: Path) -> LLMConfig:
+    if cfg.train.use_peft:
+        return dataclasses.replace(cfg.runtime.llm, adapter=str(student))
+    return dataclasses.replace(cfg.runtime.llm, model=str(student), adapter=None)
