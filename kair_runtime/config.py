@@ -90,7 +90,6 @@ class RetrieverConfig:
         check_ranges(self, RETRIEVER_RANGES, where)
 
 
-OPT_IN = {"opt_in": True}  # see to_dict
 
 
 @dataclass
@@ -116,15 +115,15 @@ class LoopConfig:
     round_size: int = 64  # questions advanced together per round (bounds memory)
     # Structured decoding: each step's output is constrained to the index format's layout and the
     # answer to a short answer (kair_runtime/grammar.py), with these bounds on what may repeat.
-    # hf backend only for now (the others refuse it). Opt-in: a written config shows them only
-    # when set (to_dict), so configs written before they existed are written the same.
-    structured: bool = field(default=False, metadata=OPT_IN)
-    max_index_entries: int = field(default=6, metadata=OPT_IN)  # items per index section (grammar.GrammarBounds)
-    max_entry_words: int = field(default=6, metadata=OPT_IN)  # words per item part (keyword, fact, relation head)
-    max_reasoning_words: int = field(default=40, metadata=OPT_IN)
-    max_query_words: int = field(default=12, metadata=OPT_IN)
-    max_answer_words: int = field(default=12, metadata=OPT_IN)
-    max_word_chars: int = field(default=16, metadata=OPT_IN)  # letters/digits in a word between joiners (-'.&)
+    # hf backend only for now (the others refuse it). Off by default; a run folder written before
+    # these keys existed still resumes (a missing key loads at its default, rundir.claim).
+    structured: bool = False
+    max_index_entries: int = 6  # items per index section (grammar.GrammarBounds)
+    max_entry_words: int = 6  # words per item part (keyword, fact, relation head)
+    max_reasoning_words: int = 40
+    max_query_words: int = 12
+    max_answer_words: int = 12
+    max_word_chars: int = 16  # letters/digits in a word between joiners (-'.&)
 
     def validate(self, where: str = "loop") -> None:
         check_ranges(self, LOOP_RANGES, where)
@@ -304,18 +303,7 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
-    out = dataclasses.asdict(cfg)
-    _drop_unset_opt_ins(cfg, out)
-    return out
-
-
-def _drop_unset_opt_ins(cfg: Any, out: dict[str, Any]) -> None:
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.metadata.get("opt_in") and value == f.default:
-            del out[f.name]
-        elif dataclasses.is_dataclass(value) and isinstance(out.get(f.name), dict):
-            _drop_unset_opt_ins(value, out[f.name])
+    return dataclasses.asdict(cfg)
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
