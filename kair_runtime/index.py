@@ -10,7 +10,7 @@ never raises; an index it cannot read comes back empty and the caller decides th
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
 from kair_runtime.records import Index
@@ -262,6 +262,48 @@ def parse_relation_line(line: str) -> list[list[str]]:
     return triples
 
 
+@dataclass(frozen=True)
+class IndexSection:
+    """One header of an index body and how its items follow it: `linearize` writes an index as its
+    format's sections, the step layout (layout.py) and the decoding grammar (grammar.py) read them.
+
+    `item` writes one item with a "{}" per part: a keyword "{}", a fact line "- {}", a relation
+    "{} -> {} -> {}", a keyword with its facts "{}: {}" (the facts joined by `part_sep`)."""
+
+    header: str  # the line's label, "Keywords:"
+    field: str  # the Index field the section holds
+    inline: bool  # items on the header's line after one space, else one item per line below it
+    item: str
+    sep: str  # between items
+    part_sep: str = ""  # between the facts of one keyword (kf)
+
+    def write(self, index: Index) -> str:
+        value = getattr(index, self.field)
+        if self.field == "summary":
+            items = [value]
+        elif self.field == "keyword_facts":
+            items = [self.item.format(k, self.part_sep.join(fs)) for k, fs in value]
+        else:
+            items = [self.item.format(*x) if isinstance(x, (list, tuple)) else self.item.format(x) for x in value]
+        return f"{self.header}{' ' if self.inline else chr(10)}{self.sep.join(items)}"
+
+
+_KEYWORDS = IndexSection("Keywords:", "keywords", inline=True, item="{}", sep=", ")
+# Each format's index body, in the order written: the one definition of what an index looks like.
+SECTIONS: dict[str, tuple[IndexSection, ...]] = {
+    "kr": (_KEYWORDS, IndexSection("Relationships:", "relations", inline=False, item="{} -> {} -> {}", sep="\n")),
+    "text": (IndexSection("Summary:", "summary", inline=True, item="{}", sep=""),),
+    "keywords": (_KEYWORDS,),
+    "facts": (IndexSection("Facts:", "facts", inline=False, item="- {}", sep="\n"),),
+    "kf": (IndexSection("Keywords and facts:", "keyword_facts", inline=False, item="{}: {}", sep="\n", part_sep="; "),),
+    "none": (),
+}
+
+
+def write_sections(format_name: str, index: Index) -> str:
+    return "\n".join(s.write(index) for s in SECTIONS[format_name])
+
+
 # ---------------------------------------------------------------- formats
 
 @register_format
@@ -270,8 +312,8 @@ class KeywordsRelations:
     title = "K&R"
 
     def linearize(self, index: Index) -> str:
-        rels = "\n".join(f"{h} -> {r} -> {t}" for h, r, t in index.relations)
-        return f"Keywords: {', '.join(index.keywords)}\nRelationships:\n{rels}".rstrip()
+        # No trailing newline under an empty "Relationships:" (the written bytes of every prompt and SFT target).
+        return write_sections(self.name, index).rstrip()
 
     def parse(self, body: str) -> Index:
         sec = _sections(body)
@@ -295,7 +337,7 @@ class TextSummary:
     title = "Text"
 
     def linearize(self, index: Index) -> str:
-        return f"Summary: {index.summary}"
+        return write_sections(self.name, index)
 
     def parse(self, body: str) -> Index:
         sec = _sections(body)
@@ -316,7 +358,7 @@ class KeywordList:
     title = "Keywords"
 
     def linearize(self, index: Index) -> str:
-        return f"Keywords: {', '.join(index.keywords)}"
+        return write_sections(self.name, index)
 
     def parse(self, body: str) -> Index:
         sec = _sections(body)
@@ -333,7 +375,7 @@ class FactList:
     title = "Facts"
 
     def linearize(self, index: Index) -> str:
-        return "Facts:\n" + "\n".join(f"- {f}" for f in index.facts)
+        return write_sections(self.name, index)
 
     def parse(self, body: str) -> Index:
         sec = _sections(body)
@@ -351,8 +393,7 @@ class KeywordFacts:
     title = "K&F"
 
     def linearize(self, index: Index) -> str:
-        lines = [f"{k}: {'; '.join(fs)}" for k, fs in index.keyword_facts]
-        return "Keywords and facts:\n" + "\n".join(lines)
+        return write_sections(self.name, index)
 
     def parse(self, body: str) -> Index:
         sec = _sections(body)

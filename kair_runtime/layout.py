@@ -17,17 +17,17 @@ reads this layout takes it from here:
 - the parser's section tags, judgment label and words, the "none" query, and the placeholders it
   drops as a copied template (parser.py): the constants below and `template_echoes`.
 
-A decoding grammar can be built from the same data: `StepLayout.skeleton` (the literal text
-between the slots, in order), `StepLayout.sections` (each index section's header line and how its
-items are written), `JUDGMENTS`, `STOP_JUDGMENT` and `NO_QUERY` (kair_runtime/grammar.py does). tests/kair_runtime/test_layout.py checks that the
-sections describe what `linearize` writes.
+The index body inside <index> is each format's `SECTIONS` (kair_runtime/index.py), which its
+`linearize` writes. The decoding grammar (kair_runtime/grammar.py) is built from the same data:
+`StepLayout.skeleton` (the literal text between the slots, in order), `StepLayout.sections`,
+`JUDGMENTS`, `STOP_JUDGMENT` and `NO_QUERY`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kair_runtime.index import INDEX_FORMATS, get_format, norm_key
+from kair_runtime.index import INDEX_FORMATS, SECTIONS, IndexSection, get_format, norm_key
 from kair_runtime.records import Index
 
 # The sections, by tag. The judgment has no section of its own in the layout: it closes the
@@ -44,31 +44,6 @@ REASONING_PLACEHOLDER = "..."
 JUDGMENT_PLACEHOLDER = " or ".join(JUDGMENTS)
 QUERY_PLACEHOLDER = f"the next search query, or {NO_QUERY}"
 
-
-@dataclass(frozen=True)
-class IndexSection:
-    """One header of an index body and how its items follow it (as `linearize` writes them).
-
-    `item` writes one item with a "{}" per part: a keyword "{}", a fact line "- {}", a relation
-    "{} -> {} -> {}", a keyword with its facts "{}: {}" (the facts joined by `part_sep`)."""
-
-    header: str  # the line's label, "Keywords:"
-    field: str  # the Index field the section holds
-    inline: bool  # items on the header's line after one space, else one item per line below it
-    item: str
-    sep: str  # between items
-    part_sep: str = ""  # between the facts of one keyword (kf)
-
-
-_KEYWORDS = IndexSection("Keywords:", "keywords", inline=True, item="{}", sep=", ")
-SECTIONS: dict[str, tuple[IndexSection, ...]] = {
-    "kr": (_KEYWORDS, IndexSection("Relationships:", "relations", inline=False, item="{} -> {} -> {}", sep="\n")),
-    "text": (IndexSection("Summary:", "summary", inline=True, item="{}", sep=""),),
-    "keywords": (_KEYWORDS,),
-    "facts": (IndexSection("Facts:", "facts", inline=False, item="- {}", sep="\n"),),
-    "kf": (IndexSection("Keywords and facts:", "keyword_facts", inline=False, item="{}: {}", sep="\n", part_sep="; "),),
-    "none": (),
-}
 
 # The placeholder items the prompts' layout block shows, per format.
 EXAMPLES: dict[str, Index] = {
