@@ -115,7 +115,7 @@ class LoopConfig:
     round_size: int = 64  # questions advanced together per round (bounds memory)
     # Structured decoding: each step's output is constrained to the index format's layout and the
     # answer to a short answer (kair_runtime/grammar.py), with these bounds on what may repeat.
-    # hf backend only for now (the others refuse it). Off by default; a run folder written before
+    # hf, vllm, and openai on a vLLM server (the scripted backend refuses it). Off by default; a run folder written before
     # these keys existed still resumes (a missing key loads at its default, rundir.claim).
     structured: bool = False
     max_index_entries: int = 6  # items per index section (grammar.GrammarBounds)

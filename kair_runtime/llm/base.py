@@ -67,7 +67,7 @@ def check_grammar(llm: LLM, structured: bool) -> None:
     """Fail before a run: only backends that set `constrains_grammar` honour loop.structured."""
     if structured and not getattr(llm, "constrains_grammar", False):
         raise BackendError(f"loop.structured: {getattr(llm, 'name', type(llm).__name__)} cannot constrain "
-                           "its output to a grammar; use backend: hf or set loop.structured: false")
+                           "its output to a grammar; use backend hf or vllm (or openai on a vLLM server), or set loop.structured: false")
 
 
 def check_no_repeat_ngram(llm: LLM, n: int) -> None:

@@ -35,6 +35,10 @@ MAX_BACKOFF_S = 30.0
 
 
 class OpenAIBackend:
+    # SamplingParams.grammar: sent as the request body's `structured_outputs` (vLLM >= 0.12 reads it
+    # there; older field names are ignored with a 200), so only to a server that says it is vLLM.
+    constrains_grammar = True
+
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, concurrency: int = 16,
                  timeout_s: float = 120.0, retries: int = 3, backoff_s: float = 0.5):
         self.url = base_url.rstrip("/") + "/chat/completions"
@@ -70,6 +74,9 @@ class OpenAIBackend:
             return []
         if self._vllm is None:
             self._vllm = self._server_is_vllm()
+        if sampling.grammar and not self._vllm:
+            raise BackendError(f"{self.name}: loop.structured needs a vLLM server (its /models says owned_by "
+                               f"vllm); this server would ignore the grammar and answer unconstrained")
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(prompts))) as pool:
             return list(pool.map(lambda msgs: self._complete(msgs, sampling), prompts))
 
@@ -86,6 +93,8 @@ class OpenAIBackend:
             payload["seed"] = s.seed
         if s.stop:
             payload["stop"] = list(s.stop)
+        if s.grammar:
+            payload["structured_outputs"] = {"grammar": s.grammar}
         data = self._post(payload)
         try:
             choice = data["choices"][0]

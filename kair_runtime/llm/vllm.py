@@ -30,6 +30,7 @@ GIB = 1 << 30
 
 class VLLMBackend:
     swaps_adapters = True  # with_adapter() reuses the engine
+    constrains_grammar = True  # SamplingParams.grammar, through vLLM's structured outputs (xgrammar)
 
     def __init__(self, llm, lora_request=None, name: str = "vllm", *, lora_enabled: bool = False,
                  lora_ids: dict[str, int] | None = None):
@@ -115,7 +116,8 @@ class VLLMBackend:
         # generation_config defaults (vLLM applies those only through get_default_sampling_params).
         params = vllm.SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
                                      repetition_penalty=1.0, max_tokens=sampling.max_tokens,
-                                     seed=sampling.seed, stop=list(sampling.stop) or None)
+                                     seed=sampling.seed, stop=list(sampling.stop) or None,
+                                     structured_outputs=_structured(sampling.grammar))
         try:
             outputs = self.llm.chat(prompts, sampling_params=params, lora_request=self.lora_request,
                                     add_generation_prompt=True, use_tqdm=False)
@@ -128,6 +130,15 @@ class VLLMBackend:
         engine_core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
         if engine_core is not None:
             engine_core.shutdown()
+
+
+def _structured(grammar: str | None):
+    """vLLM's structured-outputs request for our grammar (the EBNF of kair_runtime/grammar.py)."""
+    if grammar is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(grammar=grammar)
 
 
 def _check_adapter(adapter: str) -> Path:

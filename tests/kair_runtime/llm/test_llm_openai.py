@@ -9,6 +9,7 @@ from openai_test_server import OpenAITestServer, answer_for
 
 from kair_runtime.config import LLMConfig
 from kair_runtime.llm import LLM, BackendError, SamplingParams, build_llm
+from kair_runtime.grammar import answer_grammar
 from kair_runtime.llm.openai import OpenAIBackend
 
 
@@ -63,6 +64,21 @@ def test_vllm_servers_get_their_own_fields_neutral(owned_by):
             assert vllm_fields == {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
         else:
             assert vllm_fields == {"top_k": None, "min_p": None, "repetition_penalty": None}
+
+
+def test_a_grammar_goes_to_a_vllm_server_in_structured_outputs_and_nowhere_else():
+    """vLLM >= 0.12 reads `structured_outputs`; a server that is not vLLM would answer 200 with the
+    grammar ignored, so the backend refuses rather than score unconstrained output as structured."""
+    grammar = answer_grammar()
+    with OpenAITestServer(owned_by="vllm") as server:
+        OpenAIBackend(server.base_url, "kair").generate([_chat("one")], SamplingParams(max_tokens=4, grammar=grammar))
+        OpenAIBackend(server.base_url, "kair").generate([_chat("two")], SamplingParams(max_tokens=4))
+    assert server.requests[0]["structured_outputs"] == {"grammar": grammar}
+    assert "structured_outputs" not in server.requests[1]
+    with OpenAITestServer(owned_by="openai") as server:
+        with pytest.raises(BackendError, match="loop.structured needs a vLLM server"):
+            OpenAIBackend(server.base_url, "kair").generate([_chat("one")], SamplingParams(grammar=grammar))
+    assert server.requests == []
 
 
 def test_api_key_comes_from_the_named_env_var(monkeypatch):

@@ -4,6 +4,7 @@ command is the README's CPU one."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -20,6 +21,8 @@ from kair_runtime.retrieval import build_retriever
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 LOOP = LoopConfig(max_steps=2, top_k=3, step_max_tokens=96, answer_max_tokens=24)
+STRUCTURED = dataclasses.replace(LOOP, step_max_tokens=320, structured=True, max_index_entries=2, max_entry_words=3,
+                                 max_reasoning_words=8, max_query_words=4, max_answer_words=4, max_word_chars=8)
 
 
 def generations(traces) -> list[list[str]]:
@@ -44,10 +47,16 @@ def test_openai_backend_on_the_vllm_server_with_lora(smollm2_model_dir, smollm2_
         llm = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "kair", concurrency=8)
         retriever = build_retriever(RetrieverConfig(kind="bm25"))
         served = KairLoop(llm, retriever, LOOP).run(load_demo_questions()[:4])
+        # The grammar travels in the request body's `structured_outputs` and the server applies it
+        # (a field it did not read would come back 200, unconstrained).
+        structured = KairLoop(llm, retriever, STRUCTURED).run(load_demo_questions()[:4])
         llm.close()
     finally:
         stop(proc)
     assert all(t.error is None for t in served)
+    assert all(t.error is None and t.steps for t in structured)
+    assert all(s.parsed_ok for t in structured for s in t.steps)
+    assert all(0 < len(t.answer.split()) <= STRUCTURED.max_answer_words for t in structured)
     peft = build_llm(LLMConfig(backend="hf", model=str(smollm2_model_dir), adapter=adapter, device="cpu",
                                dtype="float32", batch_size=8))
     assert generations(served) == generations(KairLoop(peft, retriever, LOOP).run(load_demo_questions()[:4]))
