@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from data_gen.chains import CHAINS, GoldDocs, Hop, clean_part, entity_of, fact_with, mentions
-from data_gen.store import DataSpec, closed_corpus, load_questions, shard_path, without_context
+from data_gen.store import DataSpec, load_questions, retriever_config_for, shard_path, without_context
 from kair_runtime.config import ConfigError, RuntimeConfig
 from kair_runtime.index import get_format, norm_key
 from kair_runtime.jsonl import JsonlWriter
@@ -243,17 +243,12 @@ def no_chain_trace(c: ChainState, prompts: PromptSet, retriever: Retriever) -> T
 def silver(cfg: SilverConfig, retriever: Retriever | None = None) -> tuple[Path, list[Trace]]:
     """Build every dataset's silver trajectories into OUT/trajectories/shard-00000-of-00001.jsonl
     (written whole, then renamed: a rerun rebuilds it)."""
-    from kair_runtime.runtime import build_retriever, retriever_config_over
+    from kair_runtime.runtime import build_retriever
 
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     questions = load_questions(cfg.datasets)
-    # runtime.retriever_config_over's rule, with this command's own `corpus` key, when set, in place
-    # of retriever.corpus; gold paragraphs map into the passages the retriever returns ids from.
-    rc = cfg.runtime.retriever
-    rc = dataclasses.replace(rc, corpus=cfg.corpus) if cfg.corpus else rc
-    rc, passages = retriever_config_over(
-        rc, lambda: closed_corpus(cfg.datasets, cfg.extra_corpus, out / "corpus.jsonl"))
+    rc, passages = retriever_config_for(cfg, out)  # gold paragraphs map into these passages
     traces = run_silver(questions, retriever or build_retriever(rc), cfg.runtime, passages)
     path = shard_path(out, 0, 1)
     tmp = path.with_name(f".{path.name}.tmp")

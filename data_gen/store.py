@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from eval.specs import TrainSet
-from kair_runtime.config import ConfigError
+from kair_runtime.config import ConfigError, RetrieverConfig
 from kair_runtime.jsonl import JsonlError, decode_line
 from kair_runtime.records import Question, Trace
 
@@ -52,6 +52,18 @@ def load_questions(specs: list[TrainSet]) -> list[Question]:
             where[q.id] = label
             out.append(q)
     return out
+
+
+def retriever_config_for(cfg: Any, out_dir: Path) -> tuple[RetrieverConfig, Path]:
+    """The retriever config of a datagen command (generate, silver) and the passages file its ids
+    come from: runtime.retriever_config_over's rule, with the command's own `corpus` key, when set,
+    in place of `retriever.corpus`: the index dir, else that corpus, else the closed corpus of the
+    training sets built into OUT/corpus.jsonl (only then)."""
+    from kair_runtime.runtime import retriever_config_over
+
+    rc = cfg.runtime.retriever
+    rc = dataclasses.replace(rc, corpus=cfg.corpus) if cfg.corpus else rc
+    return retriever_config_over(rc, lambda: closed_corpus(cfg.datasets, cfg.extra_corpus, out_dir / "corpus.jsonl"))
 
 
 def closed_corpus(specs: list[TrainSet], extra: list[str], out: Path) -> Path:

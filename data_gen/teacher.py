@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from data_gen.store import (DataSpec, closed_corpus, load_questions, shard_path, trajectory_key,
+from data_gen.store import (DataSpec, load_questions, retriever_config_for, shard_path, trajectory_key,
                             without_context)
-from kair_runtime.config import ConfigError, RetrieverConfig, RuntimeConfig, to_dict
+from kair_runtime.config import ConfigError, RuntimeConfig, to_dict
 from kair_runtime.jsonl import JsonlWriter, recover, replace_records
 from kair_runtime.llm.base import LLM
 from kair_runtime.records import Question, Trace
 from kair_runtime.retrieval.base import Retriever
 from kair_runtime.rundir import claim
-from kair_runtime.runtime import build_loop, retriever_config_over
+from kair_runtime.runtime import build_loop
 
 
 @dataclass
@@ -115,15 +115,6 @@ def resolved_for_claim(cfg: GenerateConfig) -> dict:
     return d
 
 
-def prepare_retriever_config(cfg: GenerateConfig, out_dir: Path) -> tuple[RetrieverConfig, Path]:
-    """runtime.retriever_config_over's rule, with this command's own `corpus` key, when set, in
-    place of `retriever.corpus`: the index dir, else that corpus, else the closed corpus of the
-    training sets built into OUT (only then)."""
-    rc = cfg.runtime.retriever
-    rc = dataclasses.replace(rc, corpus=cfg.corpus) if cfg.corpus else rc
-    return retriever_config_over(rc, lambda: closed_corpus(cfg.datasets, cfg.extra_corpus, out_dir / "corpus.jsonl"))
-
-
 def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever | None = None,
              progress: bool = True, questions: list[Question] | None = None,
              retry_failed: bool = False) -> GenerateResult:
@@ -148,7 +139,7 @@ def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever |
     if len(existing) == total and not retry:
         return result
 
-    retriever = retriever or build_retriever(prepare_retriever_config(cfg, out_dir)[0])
+    retriever = retriever or build_retriever(retriever_config_for(cfg, out_dir)[0])
     owned = llm is None  # built here, so closed here (vLLM's engine processes)
     llm = llm or build_llm(cfg.runtime.llm)
     try:

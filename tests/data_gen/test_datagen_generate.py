@@ -137,7 +137,7 @@ def test_generate_config_rejects_unknown_keys():
 def test_the_teachers_retriever_follows_the_one_precedence(tmp_path):
     # index_dir, else the command's own `corpus` (in place of retriever.corpus), else
     # retriever.corpus, else the training sets' closed corpus; nothing is built that is not used.
-    from data_gen.teacher import prepare_retriever_config
+    from data_gen.store import retriever_config_for
     from kair_runtime.config import RetrieverConfig
 
     def cfg(**rc) -> GenerateConfig:
@@ -145,10 +145,10 @@ def test_the_teachers_retriever_follows_the_one_precedence(tmp_path):
 
     c = cfg(index_dir=str(tmp_path / "index"), corpus="given.jsonl")
     c.corpus = "own.jsonl"
-    assert prepare_retriever_config(c, tmp_path)[1] == tmp_path / "index" / "passages.jsonl"
+    assert retriever_config_for(c, tmp_path)[1] == tmp_path / "index" / "passages.jsonl"
     c = cfg(corpus="given.jsonl")
-    assert prepare_retriever_config(c, tmp_path)[0].corpus == "given.jsonl"
+    assert retriever_config_for(c, tmp_path)[0].corpus == "given.jsonl"
     c.corpus = "own.jsonl"
-    rc, passages = prepare_retriever_config(c, tmp_path)
+    rc, passages = retriever_config_for(c, tmp_path)
     assert rc.corpus == "own.jsonl" and passages == Path("own.jsonl")
     assert not (tmp_path / "corpus.jsonl").exists()
