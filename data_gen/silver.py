@@ -201,8 +201,9 @@ def run_silver(questions: list[Question], retriever: Retriever, runtime: Runtime
     replayed: list[Trace] = []
     if todo:
         # Every chain in one round, as dense retrieval encodes a round's queries together; the
-        # oracle bans no n-grams (it generates nothing), so no_repeat_ngram is off for it.
-        cfg = dataclasses.replace(runtime.loop, round_size=len(todo), no_repeat_ngram=0)
+        # oracle decodes nothing: its steps are written in the layout, so the decoding settings
+        # (no_repeat_ngram, structured) are off for it, and silver data is the same either way.
+        cfg = dataclasses.replace(runtime.loop, round_size=len(todo), no_repeat_ngram=0, structured=False)
         replayed = KairLoop(oracle, retriever, cfg, prompts).run([without_context(c.question) for c in todo],
                                                                  on_start=begin)
     if oracle.error is not None:

@@ -236,3 +236,15 @@ def test_with_an_index_dir_gold_maps_into_the_index_and_no_corpus_is_built(setup
     # The index holds the same passages under the same ids: the same trajectories as over the corpus.
     assert [(t.final_output, t.extra["complete"], [[p.id for p in s.retrieved] for s in t.steps]) for t in traces] == \
            [(t.final_output, t.extra["complete"], [[p.id for p in s.retrieved] for s in t.steps]) for t in kr[1]]
+
+
+def test_decoding_settings_do_not_change_silver(setup, kr):
+    # A run config made for a model (structured decoding, the n-gram ban) also drives silver, whose
+    # oracle decodes nothing: it must give the same trajectories, not refuse the oracle backend.
+    root, corpus, retriever = setup
+    _, plain = kr
+    loop = LoopConfig(index_format="kr", max_steps=4, top_k=5, structured=True)
+    cfg = SilverConfig(runtime=RuntimeConfig(loop=loop), datasets=[dataclasses.replace(s) for s in SPECS],
+                       corpus=str(corpus), out_dir=str(root / "structured"))
+    _, traces = silver(cfg, retriever=retriever)
+    assert [t.to_dict()["steps"] for t in traces] == [t.to_dict()["steps"] for t in plain]
