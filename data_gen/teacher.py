@@ -36,6 +36,7 @@ from kair_runtime.llm.base import LLM
 from kair_runtime.records import Question, Trace
 from kair_runtime.retrieval.base import Retriever
 from kair_runtime.rundir import claim
+from kair_runtime.loop import KairLoop
 from kair_runtime.runtime import build_loop
 
 
@@ -195,8 +196,9 @@ def _waves(cfg: GenerateConfig, llm: LLM, retriever: Retriever, questions: list[
         todo = [q for q in questions if wanted(f"{q.id}#{sample.sample_id}")]
         if todo:
             loop_cfg = dataclasses.replace(cfg.runtime.loop, temperature=sample.temperature, seed=sample.seed)
-            extra = sample_extra(cfg, sample)
-            yield build_loop(llm, retriever, loop_cfg).iter_run(todo, on_start=lambda s, e=extra: s.trace.extra.update(e))
+            loop = build_loop(llm, retriever, loop_cfg)
+            extra = sample_extra(cfg, sample, loop)
+            yield loop.iter_run(todo, on_start=lambda s, e=extra: s.trace.extra.update(e))
 
 
 def existing_trajectories(path: Path, questions: list[Question], samples: list[Sample]) -> dict[str, bool]:
@@ -216,8 +218,10 @@ def existing_trajectories(path: Path, questions: list[Question], samples: list[S
     return keys
 
 
-def sample_extra(cfg: GenerateConfig, sample: Sample) -> dict:
-    """What each trajectory records about how it was sampled (the loop adds prompt_version)."""
+def sample_extra(cfg: GenerateConfig, sample: Sample, kair: KairLoop) -> dict:
+    """What each trajectory records about how it was sampled (the loop adds prompt_version). The
+    token caps are the loop's own: in structured mode they are at least the grammar's longest
+    output, and the filter reads a step that reached its cap as cut off."""
     loop = cfg.runtime.loop
     return {
         "teacher": teacher_name(cfg),
@@ -225,7 +229,8 @@ def sample_extra(cfg: GenerateConfig, sample: Sample) -> dict:
         "sample_id": sample.sample_id,
         "seed": sample.seed,
         "sampling": {"temperature": sample.temperature, "top_p": loop.top_p,
-                     "step_max_tokens": loop.step_max_tokens, "answer_max_tokens": loop.answer_max_tokens,
+                     "step_max_tokens": kair.step_sampling.max_tokens,
+                     "answer_max_tokens": kair.answer_sampling.max_tokens,
                      "max_steps": loop.max_steps, "top_k": loop.top_k},
         "shard": cfg.shard,
         "num_shards": cfg.num_shards,

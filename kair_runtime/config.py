@@ -91,7 +91,6 @@ class RetrieverConfig:
 
 
 
-
 @dataclass
 class LoopConfig:
     index_format: str = "kr"  # kr | text | keywords | facts | kf
@@ -115,15 +114,17 @@ class LoopConfig:
     round_size: int = 64  # questions advanced together per round (bounds memory)
     # Structured decoding: each step's output is constrained to the index format's layout and the
     # answer to a short answer (kair_runtime/grammar.py), with these bounds on what may repeat.
-    # hf, vllm, and openai on a vLLM server (the scripted backend refuses it). Off by default; a run folder written before
-    # these keys existed still resumes (a missing key loads at its default, rundir.claim).
+    # A structured call's token cap is at least its grammar's longest output (grammar.longest; kr
+    # 3,514 characters with these bounds), so the grammar, not the cap, ends every step.
+    # hf, vllm, and openai on a vLLM server (the scripted backend refuses it). Off by default; a
+    # run folder written before these keys existed still resumes (missing keys load at defaults).
     structured: bool = False
     max_index_entries: int = 6  # items per index section (grammar.GrammarBounds)
     max_entry_words: int = 6  # words per item part (keyword, fact, relation head)
     max_reasoning_words: int = 40
     max_query_words: int = 12
     max_answer_words: int = 12
-    max_word_chars: int = 16  # letters/digits in a word between joiners (-'.&)
+    max_word_chars: int = 16  # letters/digits in a word; joiners (-'.&) separate words like spaces
 
     def validate(self, where: str = "loop") -> None:
         check_ranges(self, LOOP_RANGES, where)

@@ -9,20 +9,23 @@ same on every backend:
 
 What the grammar allows, the parser reads as a valid step, with no fallback (tested on every
 format in tests/kair_runtime/test_grammar.py). Free text is words of letters and digits
-(joined inside a word by - ' . &), separated by single spaces (and ", " where the layout has no
-comma of its own); it has no newline, tag, colon, semicolon or arrow, so it cannot end a section,
+separated by single spaces or the joiners - ' . & ("Jean-Luc", "U.S.A", "AT&T"; and ", " where
+the layout has no comma of its own); it has no newline, tag, colon, semicolon or arrow, so it cannot end a section,
 start a label or header, or split an item. What the parser drops or reads as "no query" is left
 out: the layout's placeholder items (a copied template), an index header word as a K&F keyword,
 and "none"-like text as the query of an insufficient step. A sufficient step's query is NO_QUERY.
 
 Everything that loops is bounded (GrammarBounds): entries per index section, words per entry
-part, words of the reasoning, the query and the answer, and characters per word, so a
-repetition loop ends in a valid step instead of at the token cap.
+part, words of the reasoning, the query and the answer, and characters per word, so every
+output is at most `longest(grammar)` characters. Each generated token is at least one character,
+so the loop gives a structured call that many tokens (or step_max_tokens, if more): a repetition
+loop ends in a valid step, never at the token cap.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 
 from kair_runtime.index import has_index_header
@@ -34,16 +37,16 @@ from kair_runtime.parser import clean_query
 
 _ALNUM = "[A-Za-z0-9]"
 _ALNUM_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-_JOINERS = "[-'.&]"  # inside a word only: "Jean-Luc", "O'Brien", "U.S.A", "AT&T"
-WORD_JOINS = 2  # joiners per word
+# Between words with no space: "Jean-Luc", "O'Brien", "U.S.A", "AT&T", "2022-01-22" (3 words).
+JOINERS = ("-", "'", ".", "&")
 
 
 @dataclass(frozen=True)
 class GrammarBounds:
     """What may repeat in one output (loop.max_index_entries etc. in LoopConfig)."""
 
-    # The defaults keep a K&R step of 1-2-token words under ~300 tokens (step_max_tokens: 384):
-    # 6 keywords and 6 relations of <= 6 words a part, 40 words of reasoning, 12 of query.
+    # 6 keywords and 6 relations of <= 6 words a part, 40 words of reasoning, 12 of query: a
+    # K&R step is at most 3,514 characters (longest), a typical one ~100-250 tokens.
     max_entries: int = 6  # items per index section (K&F: also facts per keyword)
     entry_words: int = 6  # words per item part (a keyword, a fact, a relation's head...)
     reasoning_words: int = 40
@@ -89,42 +92,41 @@ class _Rules:
     # -------------------------------------------------------- words
 
     def word(self) -> str:
-        self.add("run", f"{_ALNUM}{{1,{self.word_chars}}}")
-        return self.add("word", f"run ({_JOINERS} run){{0,{WORD_JOINS}}}")
+        return self.add("word", f"{_ALNUM}{{1,{self.word_chars}}}")
 
-    def word_except(self, words: frozenset[str], prefix: str = "") -> str:
+    def word_except(self, words: frozenset[str], prefix: str = "") -> str | None:
         """A word whose lower case is none of `words` (letters/digits only): a trie over them.
-        `prefix` is the run written so far, equal (in any case) to a prefix of some of them."""
+        `prefix` is the word written so far, equal (in any case) to a prefix of some of them.
+        None: no such word goes on from `prefix` (it is excluded and as long as a word may be)."""
         self.word()
         key = (words, prefix)
-        if key in self.names:
-            return self.names[key]
-        name = self.names[key] = self.add(f"wx{len(self.names)}", "")  # children refer back by name
-        nexts = sorted({w[len(prefix)] for w in words if w.startswith(prefix) and len(w) > len(prefix)})
-        joins = f"({_JOINERS} run){{0,{WORD_JOINS}}}"
-        alts = [f"{_ci(c)} {self.word_except(words, prefix + c)}" for c in nexts]
-        taken = {c for n in nexts for c in (n.lower(), n.upper())}
-        other = "".join(c for c in _ALNUM_CHARS if c not in taken)
-        left = self.word_chars - len(prefix) - 1  # run characters still free after the next one
-        if left >= 0:
-            alts.append(f"[{other}] {_ALNUM}{{0,{left}}} {joins}")
-        if prefix and prefix not in words:
-            alts.append(joins)  # the word ends here (or goes on after a joiner)
-        elif prefix:
-            alts.append(f"({_JOINERS} run){{1,{WORD_JOINS}}}")  # an excluded run, made another word
-        self.rules[name] = " | ".join(f"({a})" for a in alts)
-        return name
+        if key not in self.names:
+            nexts = sorted({w[len(prefix)] for w in words if w.startswith(prefix) and len(w) > len(prefix)})
+            left = self.word_chars - len(prefix) - 1  # characters still free after the next one
+            kids = [(c, self.word_except(words, prefix + c)) for c in nexts] if left >= 0 else []
+            alts = [f"{_ci(c)} {kid}" for c, kid in kids if kid]
+            taken = {c for n in nexts for c in (n.lower(), n.upper())}
+            other = "".join(c for c in _ALNUM_CHARS if c not in taken)
+            if left >= 0 and other:
+                alts.append(f"[{other}] {_ALNUM}{{0,{left}}}")
+            if prefix and prefix not in words:
+                alts.append('""')  # the word ends here
+            body = " | ".join(f"({a})" for a in alts)
+            self.names[key] = self.add(f"wx{len(self.names)}", body) if alts else None
+        return self.names[key]
 
     def phrase(self, tag: str, max_words: int, excluded: set[tuple[str, ...]], seps: tuple[str, ...] = (" ",)) -> str:
-        """1..max_words words joined by `seps`, whose lower-cased words (joined by single spaces)
-        are none of `excluded`: a trie over the excluded word sequences."""
+        """1..max_words words joined by `seps` or a joiner, whose lower-cased words (joined by
+        single spaces) are none of `excluded`: a trie over the excluded word sequences."""
         word = self.word()
+        seps = tuple(dict.fromkeys(seps + JOINERS))
         sep = " | ".join(_lit(s) for s in seps)
         free = lambda n: f"(({sep}) {word}){{0,{n}}}" if n > 0 else '""'
 
         def node(path: tuple[str, ...]) -> str:
             name = self.add(f"{tag}_{len(self.rules)}", "")  # filled below, after its children
-            kids = sorted({e[len(path)] for e in excluded if e[:len(path)] == path and len(e) > len(path)})
+            kids = sorted({e[len(path)] for e in excluded if e[:len(path)] == path and len(e) > len(path)
+                           and len(e[len(path)]) <= self.word_chars})
             left = max_words - len(path) - 1
             alts = [f"{self.word_except(frozenset(kids))} {free(left)}"]
             for kid in kids:
@@ -132,9 +134,9 @@ class _Rules:
                 after = ['""'] if here not in excluded else []
                 if left > 0:
                     after.append(f'" " {node(here)}')
-                    if len(seps) > 1:  # another separator leaves the excluded sequences
-                        others = " | ".join(_lit(s) for s in seps if s != " ")
-                        after.append(f"({others}) {word} {free(left - 1)}")
+                    # another separator or a joiner leaves the excluded sequences
+                    others = " | ".join(_lit(s) for s in seps if s != " ")
+                    after.append(f"({others}) {word} {free(left - 1)}")
                 if after:
                     alts.append(f"{_ci_word(kid)} ({' | '.join(after)})")
             self.rules[name] = " | ".join(f"({a})" for a in alts)
@@ -230,3 +232,71 @@ def answer_grammar(bounds: GrammarBounds | None = None) -> str:
     b = bounds or GrammarBounds()
     rules = _Rules(b.word_chars)
     return rules.text(rules.phrase("answer", b.answer_words, set(), (" ", ", ")))
+
+
+# ---------------------------------------------------------------- the longest output
+
+_TOKEN = re.compile(r'\s*(?:(?P<lit>"(?:[^"\\]|\\.)*")|(?P<cls>\[(?:[^\]\\]|\\.)*\])|(?P<name>[A-Za-z_]\w*)'
+                    r'|(?P<rep>\{\d+(?:,\d*)?\})|(?P<op>[()|?*+]))')
+
+
+def longest(grammar: str) -> int:
+    """The most characters (UTF-8 bytes) any output of `grammar` can have, read from the EBNF text
+    this module writes: literals, character classes, rule names, groups, alternatives, `?` and
+    `{m,n}`. An unbounded repetition (`*`, `+`, `{m,}`) is an error: such a grammar bounds nothing."""
+    rules = dict(line.split(" ::= ", 1) for line in grammar.splitlines() if line.strip())
+    memo: dict[str, int] = {}
+
+    def rule(name: str) -> int:
+        if name not in memo:
+            toks = [(m.lastgroup, m.group(m.lastgroup)) for m in _TOKEN.finditer(rules[name])]
+            memo[name] = _Longest(toks, rule).alternatives()
+        return memo[name]
+
+    return rule("root")
+
+
+class _Longest:
+    """One rule body's longest match, by recursive descent over its tokens."""
+
+    def __init__(self, toks: list[tuple[str, str]], rule) -> None:
+        self.toks, self.pos, self.rule = toks, 0, rule
+
+    def peek(self) -> tuple[str, str]:
+        return self.toks[self.pos] if self.pos < len(self.toks) else ("end", "")
+
+    def alternatives(self) -> int:
+        best = self.sequence()
+        while self.peek() == ("op", "|"):
+            self.pos += 1
+            best = max(best, self.sequence())
+        return best
+
+    def sequence(self) -> int:
+        total = 0
+        while self.peek()[0] != "end" and self.peek() not in (("op", "|"), ("op", ")")):
+            total += self.item()
+        return total
+
+    def item(self) -> int:
+        kind, text = self.peek()
+        self.pos += 1
+        if kind == "lit":
+            n = len(text[1:-1].encode().decode("unicode_escape").encode())
+        elif kind == "cls":
+            n = 1  # the classes written here are ASCII
+        elif kind == "name":
+            n = self.rule(text)
+        elif text == "(":
+            n = self.alternatives()
+            self.pos += 1  # the ")"
+        else:
+            raise ValueError(f"unexpected {text!r} in a grammar rule")
+        while self.peek()[0] == "rep" or self.peek() in (("op", "?"), ("op", "*"), ("op", "+")):
+            kind, text = self.peek()
+            self.pos += 1
+            high = text[1:-1].split(",")[-1] if kind == "rep" else ("1" if text == "?" else "")
+            if not high:
+                raise ValueError(f"unbounded repetition {text!r}: the grammar has no longest output")
+            n *= int(high)
+        return n

@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Protocol
 
 from kair_runtime.config import LoopConfig
 from kair_runtime.index import empty_index
-from kair_runtime.grammar import GrammarBounds, answer_grammar, step_grammar
+from kair_runtime.grammar import GrammarBounds, answer_grammar, longest, step_grammar
 from kair_runtime.llm.base import LLM, Completion, SamplingParams, check_grammar, check_no_repeat_ngram
 from kair_runtime.parser import parse_step_output
 from kair_runtime.prompts import PromptSet
@@ -80,14 +80,16 @@ class KairLoop:
         check_no_repeat_ngram(llm, self.cfg.no_repeat_ngram)
         check_grammar(llm, self.cfg.structured)
         self.prompts = prompts or PromptSet.for_loop(self.cfg)
-        self.step_sampling = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                                            max_tokens=self.cfg.step_max_tokens, seed=self.cfg.seed,
-                                            no_repeat_ngram=self.cfg.no_repeat_ngram,
-                                            grammar=self._grammar(STEP))
-        self.answer_sampling = SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                                              max_tokens=self.cfg.answer_max_tokens, seed=self.cfg.seed,
-                                              no_repeat_ngram=self.cfg.no_repeat_ngram,
-                                              grammar=self._grammar(ANSWER))
+        self.step_sampling = self._sampling(self.cfg.step_max_tokens, self._grammar(STEP))
+        self.answer_sampling = self._sampling(self.cfg.answer_max_tokens, self._grammar(ANSWER))
+
+    def _sampling(self, max_tokens: int, grammar: str | None) -> SamplingParams:
+        # A structured call may run to its grammar's longest output (a token is at least one
+        # character), so the grammar ends every output, valid, and the token cap never cuts one.
+        if grammar is not None:
+            max_tokens = max(max_tokens, longest(grammar))
+        return SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_tokens=max_tokens,
+                              seed=self.cfg.seed, no_repeat_ngram=self.cfg.no_repeat_ngram, grammar=grammar)
 
     @staticmethod
     def grammar_bounds(c: LoopConfig) -> GrammarBounds:

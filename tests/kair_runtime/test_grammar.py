@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kair_runtime.config import ConfigError, LoopConfig
-from kair_runtime.grammar import GrammarBounds, answer_grammar, step_grammar
+from kair_runtime.grammar import GrammarBounds, answer_grammar, longest, step_grammar
 from kair_runtime.layout import LAYOUTS
 from kair_runtime.llm.base import BackendError, SamplingParams
 from kair_runtime.llm.scripted import ScriptedLLM, echo_kair
@@ -108,6 +108,7 @@ def test_sampled_outputs_parse_with_no_fallback(fmt, hf):
         for c in hf.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=300, seed=seed, grammar=grammar)):
             step = parse_step_output(c.text, fmt, Index(fmt), "q")
             assert c.finish_reason == "stop" and step.fallbacks == [], c.text
+            assert len(c.text.encode()) <= longest(grammar)
             assert (step.next_query is None) == (step.judgment == "sufficient")
 
 
@@ -125,6 +126,42 @@ def test_a_repetition_loop_ends_in_a_valid_step(tmp_path):
     assert free.finish_reason == "length"
     out = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=300, grammar=step_grammar("kr", TINY)))[0]
     assert out.finish_reason == "stop" and parse_step_output(out.text, "kr", Index("kr"), "q").fallbacks == []
+
+
+def test_longest_reads_the_grammar():
+    assert longest('root ::= "ab" ("c" | "de"){0,3} x? [0-9]\nx ::= [a-z]{1,4} "\\n"\n') == 2 + 6 + 5 + 1
+    with pytest.raises(ValueError, match="unbounded"):
+        longest('root ::= "a" [b]*\n')
+    # Joiners separate words, so a word is at most word_chars characters, dates and names included.
+    assert longest(answer_grammar(GrammarBounds(answer_words=3, word_chars=5))) == 3 * 5 + 2 * 2
+
+
+def test_words_are_bounded_and_joined(accepts):
+    grammar = answer_grammar(GrammarBounds(answer_words=4, word_chars=6))
+    assert accepts(grammar, "Jean-Luc O'Brien") and accepts(grammar, "2022-01-22") and accepts(grammar, "AT&T")
+    assert not accepts(grammar, "Schwarzenegger") and not accepts(grammar, "1-2-3-4-5")
+    assert not accepts(grammar, "Jean--Luc") and not accepts(grammar, "Paris-")
+
+
+def test_a_structured_step_is_never_cut_by_the_token_cap(tmp_path):
+    """The repeater runs every output to its bounds; with a step cap far below that, the loop
+    still gives each structured call its grammar's longest output, so every step ends valid."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kair_runtime.llm.hf import HFBackend
+    from train.tiny_model import build_tiny_chat_model
+
+    path = build_tiny_chat_model(tmp_path / "repeater", initializer_range=0.02)
+    llm = HFBackend(AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path))
+    cfg = LoopConfig(max_steps=2, top_k=2, step_max_tokens=8, answer_max_tokens=2, structured=True,
+                     max_index_entries=2, max_entry_words=2, max_reasoning_words=3, max_query_words=2,
+                     max_answer_words=2, max_word_chars=4)
+    loop = KairLoop(llm, WordOverlap(), cfg)
+    assert loop.step_sampling.max_tokens == longest(step_grammar("kr", KairLoop.grammar_bounds(cfg))) > 8
+    assert loop.answer_sampling.max_tokens == longest(answer_grammar(KairLoop.grammar_bounds(cfg))) > 2
+    trace = loop.run_one(Question(id="a", question="Who sang Viva la Vida?", answers=["Coldplay"]))
+    assert trace.steps and all(s.parsed_ok and not s.fallbacks for s in trace.steps)
+    assert all(8 < s.completion_tokens < loop.step_sampling.max_tokens for s in trace.steps)
 
 
 def test_structured_loop_on_hf_gives_valid_steps(hf):
