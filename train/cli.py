@@ -58,7 +58,7 @@ def train_command(
 
 
 def merge_command(
-    base: str = typer.Option(..., help="The base model: hub name or local path."),
+    base: str = typer.Option(..., help="The base model: hub name, local path or embedded name (smollm2-135m)."),
     adapter: str = typer.Option(..., help="A PEFT adapter dir (any training checkpoint dir works)."),
     out: str = typer.Option(..., help="Where to write the merged model and tokenizer."),
     dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),

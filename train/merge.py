@@ -83,6 +83,9 @@ def merge_adapter(base: str, adapter: str | Path, out: str | Path, *, dtype: str
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from kair_runtime.llm.hf import resolve_model
+
+    base = resolve_model(base)  # an embedded name (smollm2-135m) as the runtime and train.sft read it
     if dtype not in DTYPES:
         raise MergeError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
     adapter = Path(adapter)

@@ -1,6 +1,6 @@
 """The parser on hostile outputs: the pathological shapes and the seeded fuzz of
-bench/parse_speed.py. Nothing raises, no parser_error is recorded, and every parse stays far
-below a second: a guard against super-linear patterns (2,000 blank lines used to take minutes),
+bench/parse_speed.py. Nothing raises, no parser_error is recorded, and every parse stays well
+under GUARD_S: a guard against super-linear patterns (2,000 blank lines used to take minutes),
 not a timing benchmark (that is bench/parse_speed.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from kair_runtime.index import empty_index
 from kair_runtime.parser import MAX_OUTPUT_CHARS, parse_step_output
 from kair_runtime.records import FORMAT_FALLBACKS
 
-GUARD_S = 1.0
+GUARD_S = 10.0  # loose enough for a loaded 2-core CI machine; the regressions it guards took minutes
 
 
 def _load_bench():

@@ -67,7 +67,7 @@ def test_builds_fast_and_deterministically(tmp_path, tiny_model_dir):
     build_tiny_chat_model(tmp_path / "warm")  # imports paid here, not in the timing below
     t0 = time.perf_counter()
     a = build_tiny_chat_model(tmp_path / "a", seed=0)
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < 10.0  # a guard against an accidental download or big init, not a benchmark
     b = build_tiny_chat_model(tmp_path / "b", family="qwen2", seed=0)
     c = build_tiny_chat_model(tmp_path / "c", seed=1)
     wa, wb, wc = (AutoModelForCausalLM.from_pretrained(p).model.embed_tokens.weight for p in (a, b, c))

@@ -26,7 +26,7 @@ def test_cache_is_a_plain_model_dir_built_once(smollm2_model_dir, kair_cache_dir
     assert not list(kair_cache_dir.glob(".building-*"))  # no half-built leftovers
     t0 = time.perf_counter()
     assert smollm2_dir(kair_cache_dir) == smollm2_model_dir  # found, not rebuilt
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 5.0  # found on disk; a rebuild from the GGUF takes far longer
 
 
 @pytest.mark.slow
