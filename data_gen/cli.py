@@ -170,7 +170,7 @@ def quality_cmd(
     except (*USER_ERRORS, ValueError) as e:
         _fail(e)
     print_quality(rows)
-    typer.echo(f"quality.json, quality.md -> {dest.parent}")
+    typer.echo(f"{dest.name}, {dest.with_suffix('.md').name} -> {dest.parent}")
 
 
 if __name__ == "__main__":

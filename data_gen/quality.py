@@ -15,6 +15,9 @@ Works on any trajectory (teacher or silver) whose question keeps its gold annota
                     relations, strict (relation included) and relaxed (entity pair); see
                     data_gen.evidence.
 
+A failed trajectory (`error` set: the backend or the loop failed) is counted in `failed` and left
+out of every mean: its index says nothing about what the model writes.
+
 Trajectories are grouped by dataset and source: the teacher for generated and silver trajectories,
 the method and model for eval run traces (`kair eval` writes traces.jsonl; pass that file).
 
@@ -156,10 +159,17 @@ def summarize_quality(traces: list[Trace]) -> list[dict[str, Any]]:
     """One row per (dataset, source): means over the trajectories that have each annotation."""
     groups: dict[tuple[str, str], list[IndexQuality]] = defaultdict(list)
     members: dict[tuple[str, str], list[Trace]] = defaultdict(list)
+    failed: dict[tuple[str, str], int] = defaultdict(int)
     for t in traces:
-        q = trajectory_quality(t)
-        groups[(q.dataset, q.source)].append(q)
-        members[(q.dataset, q.source)].append(t)
+        key = (t.question.dataset or "?", source_of(t))
+        if t.error is not None:
+            failed[key] += 1
+            continue
+        groups[key].append(trajectory_quality(t))
+        members[key].append(t)
+    for key in failed:
+        groups.setdefault(key, [])
+        members.setdefault(key, [])
     rows = []
     for (dataset, source), qs in sorted(groups.items()):
         er = [q.entity_recall for q in qs if q.entity_recall is not None]
@@ -168,7 +178,7 @@ def summarize_quality(traces: list[Trace]) -> list[dict[str, Any]]:
         steps = [q.answer_step for q in eligible if q.answer_step is not None]
         complete = [t for t in members[(dataset, source)] if "complete" in t.extra]
         rows.append({
-            "dataset": dataset, "source": source, "n": len(qs),
+            "dataset": dataset, "source": source, "n": len(qs), "failed": failed[(dataset, source)],
             "complete": sum(bool(t.extra["complete"]) for t in complete) if complete else None,
             "entity_recall": _mean(er), "triple_recall": _mean(tr), "triples_n": len(tr),
             "answer_in_index": round(len(steps) / len(eligible), 4) if eligible else None,
@@ -185,7 +195,7 @@ def _mean(xs: list[float]) -> float | None:
 def write_quality(rows: list[dict[str, Any]], traces: list[Trace], out: Path) -> None:
     """quality.json (summary + per trajectory) and quality.md."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    per = [asdict(trajectory_quality(t)) for t in traces]
+    per = [asdict(trajectory_quality(t)) | {"failed": t.error is not None} for t in traces]
     atomic_write_text(out, json.dumps({"summary": rows, "trajectories": per}, indent=2, ensure_ascii=False))
     atomic_write_text(out.with_suffix(".md"), quality_markdown(rows))
 
@@ -201,7 +211,7 @@ def _column(key: str, header: str) -> Column:
 
 
 COLUMNS = [_column("dataset", "dataset"), _column("source", "source"), _column("n", "n"),
-           _column("complete", "complete"), _column("entity_recall", "entity recall"),
+           _column("failed", "failed"),           _column("complete", "complete"), _column("entity_recall", "entity recall"),
            _column("triple_recall", "triple recall"), _column("answer_in_index", "answer in index"),
            _column("mean_answer_step", "answer step"), _column("evidence_n", "evidence n"),
            _column("evidence_strict_f1", "evidence F1 strict"), _column("evidence_strict_em", "evidence EM strict"),

@@ -59,3 +59,14 @@ def test_gold_entities_from_each_benchmark_and_the_summary():
     rows = summarize_quality([trace([ix], answers=["G. Stanley Hall"], meta=musique, teacher="a"),
                               trace([Index("kr", keywords=["Free Guy"])], teacher="b")])
     assert [(r["source"], r["n"], r["entity_recall"]) for r in rows] == [("a", 1, 0.5), ("b", 1, round(1 / 3, 4))]
+
+
+def test_failed_trajectories_are_counted_and_left_out_of_the_means():
+    good = trace([Index("kr", keywords=["Free Guy", "Shawn Levy", "July 23, 1968"])])
+    failed = trace([Index("kr")])
+    failed.error = "BackendError: engine died"
+    rows = summarize_quality([good, failed])
+    assert len(rows) == 1 and rows[0]["n"] == 1 and rows[0]["failed"] == 1
+    assert rows[0]["entity_recall"] == 1.0  # 0.5 if the failed trajectory's empty index counted
+    only_failed = summarize_quality([failed])
+    assert only_failed[0]["n"] == 0 and only_failed[0]["failed"] == 1 and only_failed[0]["entity_recall"] is None

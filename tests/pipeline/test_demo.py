@@ -196,3 +196,17 @@ def test_training_goes_on_from_an_earlier_runs_checkpoint(tmp_path, tiny_model_d
     with pytest.raises(ConfigError, match="not a trainer checkpoint"):
         run_demo(longer, Console(record=True, width=160))
     assert not (tmp_path / "bad-resume").exists()  # refused before the index and data stages ran
+
+
+def test_the_benchmark_students_train_config_matches_the_demos_training(tmp_path):
+    """configs/train/smollm2-135m-benchmark-cpu.yaml trains students on other data with the settings
+    `kair demo --config configs/demo/benchmark-cpu.yaml` writes; the two must not drift apart."""
+    from pipeline.demo_train import train_yaml
+
+    cfg = load_demo_config("configs/demo/benchmark-cpu.yaml", [])
+    demo = train_yaml(cfg, "smollm2-135m", tmp_path, "smollm2")
+    shipped = yaml.safe_load(Path("configs/train/smollm2-135m-benchmark-cpu.yaml").read_text(encoding="utf-8"))
+    # By design: the run's paths, its step budget and checkpoint cadence, and the demo's own progress bar.
+    own = {"dataset_path", "output_dir", "max_steps", "save_steps", "eval_steps", "logging_steps", "disable_tqdm",
+           "dataset_train_split", "dataset_test_split"}
+    assert {k: v for k, v in demo.items() if k not in own} == {k: v for k, v in shipped.items() if k not in own}
