@@ -10,12 +10,14 @@ The one test command: three environments, one session each.
 
 vLLM pins its own transformers (below what the main environment resolves) and DeepSpeed and
 bitsandbytes change what peft imports, so each gets its own virtualenv. The envs live under
-$KAIR_NOX_DIR (default ~/.cache/kair/nox) and are reused: every run still executes each install
-step, which pip answers from what is there in seconds. `nox --reuse-venv no` rebuilds them.
+$KAIR_NOX_DIR (default ~/.cache/kair/nox/<checkout>-<hash of its path>) and are reused: every run
+still executes each install step, which pip answers from what is there in seconds.
+`nox --reuse-venv no` rebuilds them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -23,7 +25,17 @@ import nox
 
 nox.options.sessions = ["tests", "vllm", "distributed"]
 nox.options.reuse_venv = "yes"
-nox.options.envdir = os.environ.get("KAIR_NOX_DIR", str(Path.home() / ".cache" / "kair" / "nox"))
+
+def _default_envdir() -> str:
+    """One set of envs per checkout: each session installs its checkout editable, so envs shared by
+    two checkouts would point at whichever ran last, and a run in one breaks a job (an eval, a
+    test run) that uses the envs from the other mid-install."""
+    root = Path(__file__).resolve().parent
+    key = hashlib.sha1(str(root).encode()).hexdigest()[:8]
+    return str(Path.home() / ".cache" / "kair" / "nox" / f"{root.name}-{key}")
+
+
+nox.options.envdir = os.environ.get("KAIR_NOX_DIR") or _default_envdir()
 nox.options.error_on_missing_interpreters = True
 
 TORCH = "torch==2.13.0"  # the CPU build on these machines; install it before anything that needs torch

@@ -19,7 +19,7 @@ from typing import Optional
 import typer
 
 from data_gen.filter import FilterConfig, print_report, run_filter
-from data_gen.quality import QualityConfig, print_quality, summarize_quality, write_quality
+from data_gen.quality import QualityConfig, assess_quality, print_quality, write_quality
 from data_gen.sft import SFTDataConfig, build_sft
 from data_gen.silver import SilverConfig, silver, silver_counts
 from data_gen.store import read_trajectories
@@ -163,13 +163,13 @@ def quality_cmd(
         if not cfg.trajectories:
             raise ConfigError("pass TRAJ_DIR or set `trajectories`")
         traces = read_trajectories(cfg.trajectories)
-        rows = summarize_quality(traces)
+        report = assess_quality(traces)
         src = Path(cfg.trajectories)
         dest = Path(cfg.out) if cfg.out else (src if src.is_dir() else src.parent) / "quality.json"
-        write_quality(rows, traces, dest)
+        write_quality(report, dest)
     except (*USER_ERRORS, ValueError) as e:
         _fail(e)
-    print_quality(rows)
+    print_quality(report.rows)
     typer.echo(f"{dest.name}, {dest.with_suffix('.md').name} -> {dest.parent}")
 
 

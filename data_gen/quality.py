@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from data_gen.chains import entity_of
-from data_gen.evidence import index_evidence, summarize_evidence
+from data_gen.evidence import IndexEvidence, index_evidence, summarize_evidence
 from eval.metrics import normalize_answer, token_f1
 from eval.table import Column, Table
 from kair_runtime.index import get_format
@@ -138,6 +138,11 @@ def final_index(trace: Trace) -> Index:
 
 
 def trajectory_quality(trace: Trace) -> IndexQuality:
+    return _assess(trace)[0]
+
+
+def _assess(trace: Trace) -> tuple[IndexQuality, IndexEvidence]:
+    """A trajectory's quality and its evidence scores (summaries need the scores as objects)."""
     final = final_index(trace)
     ents = gold_entities(trace)
     # Only K&R indexes hold relations; for the other formats triple recall does not apply.
@@ -147,43 +152,58 @@ def trajectory_quality(trace: Trace) -> IndexQuality:
     answers = [a for a in trace.question.answers if normalize_answer(a) not in ("yes", "no", "")]
     step = next((s.step for s in trace.steps if answers and answer_in_index(answers, s.index)), None)
     ev = index_evidence(final, gold_triples(trace))
-    return IndexQuality(question_id=trace.question.id, dataset=trace.question.dataset or "?",
-                        source=source_of(trace), entities=len(ents),
-                        entities_found=sum(entity_found(e, final) for e in ents), triples=len(triples),
-                        triples_found=found_t, answer_eligible=bool(answers), answer_step=step,
-                        evidence_status=ev.status, evidence_strict=ev.strict and ev.strict.as_dict(),
-                        evidence_relaxed=ev.relaxed and ev.relaxed.as_dict())
+    q = IndexQuality(question_id=trace.question.id, dataset=trace.question.dataset or "?",
+                     source=source_of(trace), entities=len(ents),
+                     entities_found=sum(entity_found(e, final) for e in ents), triples=len(triples),
+                     triples_found=found_t, answer_eligible=bool(answers), answer_step=step,
+                     evidence_status=ev.status, evidence_strict=ev.strict and ev.strict.as_dict(),
+                     evidence_relaxed=ev.relaxed and ev.relaxed.as_dict())
+    return q, ev
+
+
+@dataclass
+class QualityReport:
+    rows: list[dict[str, Any]]  # one per (dataset, source)
+    trajectories: list[dict[str, Any]]  # one per trajectory, in input order, failed ones included
+
+
+def assess_quality(traces: list[Trace]) -> QualityReport:
+    """Each trajectory assessed once; the summary rows and the per-trajectory records from it."""
+    assessed = [_assess(t) for t in traces]
+    per = [asdict(q) | {"failed": t.error is not None} for t, (q, _) in zip(traces, assessed)]
+    return QualityReport(_summarize(traces, assessed), per)
 
 
 def summarize_quality(traces: list[Trace]) -> list[dict[str, Any]]:
     """One row per (dataset, source): means over the trajectories that have each annotation."""
-    groups: dict[tuple[str, str], list[IndexQuality]] = defaultdict(list)
-    members: dict[tuple[str, str], list[Trace]] = defaultdict(list)
+    return assess_quality(traces).rows
+
+
+def _summarize(traces: list[Trace], assessed: list[tuple[IndexQuality, IndexEvidence]]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], list[tuple[Trace, IndexQuality, IndexEvidence]]] = defaultdict(list)
     failed: dict[tuple[str, str], int] = defaultdict(int)
-    for t in traces:
+    for t, (q, ev) in zip(traces, assessed):
         key = (t.question.dataset or "?", source_of(t))
+        groups.setdefault(key, [])
         if t.error is not None:
             failed[key] += 1
-            continue
-        groups[key].append(trajectory_quality(t))
-        members[key].append(t)
-    for key in failed:
-        groups.setdefault(key, [])
-        members.setdefault(key, [])
+        else:
+            groups[key].append((t, q, ev))
     rows = []
-    for (dataset, source), qs in sorted(groups.items()):
+    for (dataset, source), members in sorted(groups.items()):
+        qs = [q for _, q, _ in members]
         er = [q.entity_recall for q in qs if q.entity_recall is not None]
         tr = [q.triple_recall for q in qs if q.triple_recall is not None]
         eligible = [q for q in qs if q.answer_eligible]
         steps = [q.answer_step for q in eligible if q.answer_step is not None]
-        complete = [t for t in members[(dataset, source)] if "complete" in t.extra]
+        complete = [t for t, _, _ in members if "complete" in t.extra]
         rows.append({
             "dataset": dataset, "source": source, "n": len(qs), "failed": failed[(dataset, source)],
             "complete": sum(bool(t.extra["complete"]) for t in complete) if complete else None,
             "entity_recall": _mean(er), "triple_recall": _mean(tr), "triples_n": len(tr),
             "answer_in_index": round(len(steps) / len(eligible), 4) if eligible else None,
             "answer_eligible": len(eligible), "mean_answer_step": _mean(steps),
-            **summarize_evidence([index_evidence(final_index(t), gold_triples(t)) for t in members[(dataset, source)]]),
+            **summarize_evidence([ev for _, _, ev in members]),
         })
     return rows
 
@@ -192,12 +212,12 @@ def _mean(xs: list[float]) -> float | None:
     return round(sum(xs) / len(xs), 4) if xs else None
 
 
-def write_quality(rows: list[dict[str, Any]], traces: list[Trace], out: Path) -> None:
+def write_quality(report: QualityReport, out: Path) -> None:
     """quality.json (summary + per trajectory) and quality.md."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    per = [asdict(trajectory_quality(t)) | {"failed": t.error is not None} for t in traces]
-    atomic_write_text(out, json.dumps({"summary": rows, "trajectories": per}, indent=2, ensure_ascii=False))
-    atomic_write_text(out.with_suffix(".md"), quality_markdown(rows))
+    atomic_write_text(out, json.dumps({"summary": report.rows, "trajectories": report.trajectories},
+                                      indent=2, ensure_ascii=False))
+    atomic_write_text(out.with_suffix(".md"), quality_markdown(report.rows))
 
 
 def _cell(v: Any) -> str:
@@ -211,7 +231,7 @@ def _column(key: str, header: str) -> Column:
 
 
 COLUMNS = [_column("dataset", "dataset"), _column("source", "source"), _column("n", "n"),
-           _column("failed", "failed"),           _column("complete", "complete"), _column("entity_recall", "entity recall"),
+           _column("failed", "failed"), _column("complete", "complete"), _column("entity_recall", "entity recall"),
            _column("triple_recall", "triple recall"), _column("answer_in_index", "answer in index"),
            _column("mean_answer_step", "answer step"), _column("evidence_n", "evidence n"),
            _column("evidence_strict_f1", "evidence F1 strict"), _column("evidence_strict_em", "evidence EM strict"),
@@ -225,6 +245,15 @@ def quality_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def print_quality(rows: list[dict[str, Any]]) -> None:
+    """The summary turned on its side (a row per measure, a column per dataset and source): the 16
+    measures side by side do not fit a terminal, and rich cuts the cells of a table too wide."""
     from rich.console import Console
+    from rich.table import Table as RichTable
 
-    Console().print(Table(COLUMNS, rows).rich(title="index quality"))
+    t = RichTable(title="index quality")
+    t.add_column("measure")
+    for r in rows:
+        t.add_column(f"{r['dataset']}\n{r['source']}", justify="right", overflow="fold")
+    for c in COLUMNS[2:]:
+        t.add_row(c.header, *(c.cell(r) for r in rows))
+    Console().print(t)

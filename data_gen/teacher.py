@@ -130,7 +130,9 @@ def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever |
     samples = sample_grid(cfg.sampling)
     questions = questions if questions is not None else load_questions(cfg.datasets)
     questions = [without_context(q) for q in shard_questions(questions, cfg.shard, cfg.num_shards)]
-    claim(out_dir, resolved_for_claim(cfg), GenerateConfig, hint="use another out_dir or delete the folder")
+    # out_dir names the folder, not its records: a moved or copied folder resumes.
+    claim(out_dir, resolved_for_claim(cfg), GenerateConfig, neutral=("out_dir",),
+          hint="use another out_dir or delete the folder")
     path = shard_path(out_dir, cfg.shard, cfg.num_shards)
     existing = existing_trajectories(path, questions, samples)
     failed = {key for key, ok in existing.items() if not ok}

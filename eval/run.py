@@ -289,8 +289,10 @@ def gold_ids_for(questions: list[Question], corpus: Path) -> dict[str, set[str]]
 
 
 def _claim_run_dir(run_dir: Path, cfg: EvalConfig) -> None:
-    """A run dir belongs to one config: resuming with a different one would mix results."""
-    claim(run_dir, to_dict(cfg), EvalConfig, hint="use another --run-name or delete the folder")
+    """A run dir belongs to one config: resuming with a different one would mix results. Where
+    the folder lives (out_dir, run_name) is not part of its records: a moved run resumes."""
+    claim(run_dir, to_dict(cfg), EvalConfig, neutral=("out_dir", "run_name"),
+          hint="use another --run-name or delete the folder")
 
 
 def write_reports(rows: list[dict], run_dir: Path) -> None:

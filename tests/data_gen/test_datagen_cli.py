@@ -23,8 +23,8 @@ COMMAND_OF = {"teacher": ("generate", GenerateConfig), "filter": ("filter", Filt
               "quality": ("quality", QualityConfig)}
 
 
-def invoke(*args: str):
-    result = CliRunner().invoke(datagen_app, [str(a) for a in args])
+def invoke(*args: str, env: dict[str, str] | None = None):
+    result = CliRunner().invoke(datagen_app, [str(a) for a in args], env=env)
     return result, result.output + (result.stderr if result.stderr_bytes is not None else "")
 
 
@@ -60,11 +60,15 @@ def test_silver_and_quality_from_the_command_line(tmp_path, shared_data):
                       "--index-format", "kr", "--set", "runtime.retriever.kind=bm25")
     assert res.exit_code == 0, out
     assert "musique:" in out and "/ 4 complete" in out and "8 trajectories" in out
-    res, out = invoke("quality", tmp_path / "s")
+    res, out = invoke("quality", tmp_path / "s", env={"COLUMNS": "80"})
     assert res.exit_code == 0, out
     summary = json.loads((tmp_path / "s" / "quality.json").read_text())["summary"]
     assert {r["dataset"] for r in summary} == {"musique", "2wikimultihopqa"}
     assert "entity recall" in (tmp_path / "s" / "quality.md").read_text()
+    # The terminal table fits 80 columns: every measure named whole, no cell cut to an ellipsis.
+    assert "\u2026" not in out and "evidence recall relaxed" in out
+    table = [line for line in out.splitlines() if line[:1] in "\u250f\u2503\u2521\u2502\u2514"]
+    assert len(table) > 16 and max(len(line) for line in table) <= 80
 
 
 def test_bad_config_is_a_clear_error(tmp_path):

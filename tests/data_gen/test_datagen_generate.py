@@ -82,6 +82,19 @@ def test_resuming_with_another_config_is_refused(tmp_path, specs, bm25, oracle):
         generate(make_cfg(tmp_path, specs, shard=2, num_shards=2), llm=oracle(), retriever=bm25, progress=False)
 
 
+def test_a_copied_folder_resumes_under_its_new_out_dir(tmp_path, specs, bm25, oracle):
+    """out_dir names the folder, not its records: a copy (to retry its failures apart from the
+    original, say) resumes instead of being refused for a different config."""
+    import shutil
+
+    generate(make_cfg(tmp_path, specs), llm=oracle(), retriever=bm25, progress=False)
+    shutil.copytree(tmp_path / "teacher", tmp_path / "copy")
+    copy = make_cfg(tmp_path, specs)
+    copy.out_dir = str(tmp_path / "copy")
+    again = generate(copy, llm=oracle(), retriever=bm25, progress=False)
+    assert (again.existing, again.written) == (30, 0)
+
+
 def test_a_folder_claimed_before_the_spec_had_corpus_keys_resumes(tmp_path, specs, bm25, oracle):
     """OUT/config.yaml written when a training set had only name, split, path and limit: the keys
     the one dataset-spec type added hold their defaults, so the folder is still this config's."""

@@ -72,6 +72,16 @@ def test_a_run_folder_refuses_a_different_config(tmp_path):
         run_eval(config(methods=["vanilla"], datasets=[DatasetSpec("musique")], limit=3), tmp_path / "r", progress=False)
 
 
+def test_a_moved_run_folder_resumes(tmp_path):
+    """The folder's place (out_dir, run_name) is not part of its config: a renamed run resumes."""
+    cfg = config(methods=["vanilla"], datasets=[DatasetSpec("musique")], limit=2)
+    cfg.out_dir, cfg.run_name = str(tmp_path), "r"
+    run_eval(cfg, tmp_path / "r", progress=False)
+    (tmp_path / "r").rename(tmp_path / "moved")
+    cfg.out_dir, cfg.run_name = str(tmp_path / "elsewhere"), "moved"
+    assert run_eval(cfg, tmp_path / "moved", progress=False)[0]["summary"]["n"] == 2
+
+
 def test_a_run_folder_claimed_before_datasets_had_a_limit_resumes(tmp_path):
     """RUN/config.yaml written when a dataset entry had no `limit`: it holds its default (None)
     now, so the folder is still this config's; a limit set now is a difference."""
