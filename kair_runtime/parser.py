@@ -50,10 +50,23 @@ _LABEL = re.compile(
     rf"{_WS}*(?:[*]+{_WS}*)?[:：]",
     re.IGNORECASE | re.MULTILINE,
 )
-_NO_QUERY = re.compile(
-    rf"^({NO_QUERY}|n/?a|null|-+|no\s+(?:further\s+|more\s+|new\s+)?(?:search\s+)?quer(?:y|ies)(?:\s+(?:is\s+|are\s+)?needed)?)\.?$",
-    re.IGNORECASE,
-)
+# "No query" in words: no [further|more|new] [search] query|queries [[is|are] needed]. One home
+# for the phrasing: this regex and the grammar's phrases a query may not be (kair_runtime.grammar)
+# are both built from these slots ("" marks an optional slot).
+NO_QUERY_SLOTS = (("no",), ("", "further", "more", "new"), ("", "search"), ("query", "queries"),
+                  ("", "needed", "is needed", "are needed"))
+
+
+def _slots_pattern(slots: tuple[tuple[str, ...], ...]) -> str:
+    parts = []
+    for i, slot in enumerate(slots):
+        alts = "|".join(r"\s+".join(map(re.escape, w.split())) for w in slot if w)
+        sep = r"\s+" if i else ""
+        parts.append(f"(?:{sep}(?:{alts}))" + ("?" if "" in slot else ""))
+    return "".join(parts)
+
+
+_NO_QUERY = re.compile(rf"^({NO_QUERY}|n/?a|null|-+|{_slots_pattern(NO_QUERY_SLOTS)})\.?$", re.IGNORECASE)
 # Numbering or a "Query:" label before the query text; a query that starts with a year keeps it.
 _QUERY_PREFIX = re.compile(r"^\s*(?:[-*•]+\s*|\d{1,2}[.)]\s+)*(?:(?:next\s+)?(?:search\s+)?query\s*[:：])?\s*",
                            re.IGNORECASE)

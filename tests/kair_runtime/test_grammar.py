@@ -55,6 +55,24 @@ def test_rendered_steps_are_accepted_and_parse_clean(fmt, accepts):
         assert step.fallbacks == [] and step.judgment == judgment
 
 
+def test_every_no_query_phrasing_the_parser_knows_is_not_a_query_the_grammar_allows(accepts):
+    """The parser and the grammar share one definition of "no query" (parser.NO_QUERY_SLOTS):
+    each of its phrasings reads as no query and the grammar refuses it in the query slot."""
+    import itertools
+
+    from kair_runtime.grammar import NO_QUERY_PHRASES
+    from kair_runtime.parser import NO_QUERY_SLOTS, clean_query
+
+    phrasings = [" ".join(w for w in p if w) for p in itertools.product(*NO_QUERY_SLOTS)]
+    assert len(phrasings) == 64 and "no further search queries are needed" in phrasings
+    layout, grammar = LAYOUTS["kr"], step_grammar("kr", SMALL)
+    for phrase in phrasings:
+        assert clean_query(phrase) == "" and clean_query(phrase.capitalize() + ".") == "", phrase
+        assert tuple(phrase.split()) in NO_QUERY_PHRASES, phrase
+    for phrase in phrasings[::7]:  # the grammar check compiles a matcher per text: a sample
+        assert not accepts(grammar, layout.render(_index("kr"), "reasoning", "insufficient", phrase)), phrase
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_what_the_parser_repairs_is_rejected(fmt, accepts):
     layout, grammar = LAYOUTS[fmt], step_grammar(fmt, SMALL)
