@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import yaml
 
 from kair_runtime.errors import UserError
-from kair_runtime.index import INDEX_UPDATE_RULES
+from kair_runtime.index import INDEX_UPDATE_RULES, get_format
 
 T = TypeVar("T")
 
@@ -110,7 +110,7 @@ class LoopConfig:
     no_repeat_ngram: int = 0
     prompt_dir: str | None = None  # None: the packaged prompts
     system_prompt: str | None = None
-    answer_mode: str = "answer"  # answer (docs + index) | answer_docs | answer_index
+    answer_mode: str = "answer"  # one of ANSWER_MODES: answer (docs + index) | answer_docs | answer_index
     round_size: int = 64  # questions advanced together per round (bounds memory)
     # Structured decoding: each step's output is constrained to the index format's layout and the
     # answer to a short answer (kair_runtime/grammar.py), with these bounds on what may repeat.
@@ -128,6 +128,13 @@ class LoopConfig:
 
     def validate(self, where: str = "loop") -> None:
         check_ranges(self, LOOP_RANGES, where)
+        try:
+            get_format(self.index_format)
+        except KeyError as e:
+            raise ConfigError(f"{_dotted(where, 'index_format')}: {e.args[0]}") from None
+        if self.answer_mode not in ANSWER_MODES:
+            raise ConfigError(f"{_dotted(where, 'answer_mode')}={self.answer_mode!r} is not one of "
+                              f"{', '.join(ANSWER_MODES)}")
         if self.index_update not in INDEX_UPDATE_RULES:
             raise ConfigError(f"{_dotted(where, 'index_update')}={self.index_update!r} is not one of "
                               f"{', '.join(INDEX_UPDATE_RULES)}")
@@ -137,6 +144,10 @@ class LoopConfig:
             # Both mask tokens: the ban can forbid the only token the grammar allows.
             raise ConfigError(f"{_dotted(where, 'structured')}: set {_dotted(where, 'no_repeat_ngram')}=0; "
                               "the grammar's bounds end repetition loops")
+
+
+# The answer prompts (kair_runtime/prompts.py): docs + index (Eq. 6), docs only (Eq. 3), index only.
+ANSWER_MODES = ("answer", "answer_docs", "answer_index")
 
 
 @dataclass

@@ -47,6 +47,11 @@ ROOT = Path(__file__).resolve().parents[1]
     ("llm.max_model_len=0", "llm.max_model_len=0 is out of range"),
     ("llm.max_lora_rank=0", "llm.max_lora_rank=0 is out of range; allowed: >= 1"),
     ("llm.enforce_eager=1", "llm.enforce_eager: expected true/false, got 1"),
+    # Named choices, checked before any run folder or model is set up (answer_mode was a bare
+    # "error: docs" after the model had loaded).
+    ("loop.answer_mode=docs", "loop.answer_mode='docs' is not one of answer, answer_docs, answer_index"),
+    ("loop.index_format=kk", "loop.index_format: unknown index format 'kk'; choose one of"),
+    ("loop.index_update=append", "loop.index_update='append' is not one of merge, replace"),
 ])
 def test_a_bad_loop_or_llm_setting_names_key_value_and_range(override, message):
     with pytest.raises(ConfigError) as e:
