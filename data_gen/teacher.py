@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -153,6 +154,9 @@ def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever |
     return result
 
 
+RETRY_FLUSH_S = 60.0
+
+
 def _generate_waves(cfg: GenerateConfig, llm: LLM, retriever: Retriever, questions: list[Question],
                     samples: list[Sample], done: set[str], retry: set[str], path: Path, result: GenerateResult,
                     progress: bool) -> None:
@@ -170,21 +174,30 @@ def _generate_waves(cfg: GenerateConfig, llm: LLM, retriever: Retriever, questio
                 result.written += 1
                 result.failed += trace.error is not None
                 bar.update(1)
-    # With the appending writer closed: a rewrite renames a new file over the old one.
-    flush_every = cfg.runtime.loop.round_size
-    for wave in _waves(cfg, llm, retriever, questions, samples, lambda k: k in retry):
-        pending: dict[str, dict] = {}
-        for trace in wave:
-            pending[trajectory_key(trace)] = trace.to_dict()
-            result.written += 1
-            result.retried += 1
-            result.failed -= trace.error is None
-            bar.update(1)
-            if len(pending) >= flush_every:
-                replace_records(path, pending, key=lambda r: trajectory_key(Trace.from_dict(r)))
-                pending = {}
+    # With the appending writer closed: a rewrite renames a new file over the old one. Retried
+    # trajectories are written a round's worth at a time, at least every RETRY_FLUSH_S, and
+    # whatever is done when the run stops (Ctrl-C, a dead engine): a kill loses at most the last
+    # RETRY_FLUSH_S of finished work, not a round of slow sampled trajectories.
+    flush_every, pending, last = cfg.runtime.loop.round_size, {}, time.monotonic()
+
+    def flush() -> None:
+        nonlocal pending, last
         if pending:
             replace_records(path, pending, key=lambda r: trajectory_key(Trace.from_dict(r)))
+        pending, last = {}, time.monotonic()
+
+    try:
+        for wave in _waves(cfg, llm, retriever, questions, samples, lambda k: k in retry):
+            for trace in wave:
+                pending[trajectory_key(trace)] = trace.to_dict()
+                result.written += 1
+                result.retried += 1
+                result.failed -= trace.error is None
+                bar.update(1)
+                if len(pending) >= flush_every or time.monotonic() - last >= RETRY_FLUSH_S:
+                    flush()
+    finally:
+        flush()
     bar.close()
 
 

