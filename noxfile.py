@@ -26,6 +26,7 @@ import nox
 nox.options.sessions = ["tests", "vllm", "distributed"]
 nox.options.reuse_venv = "yes"
 
+
 def _default_envdir() -> str:
     """One set of envs per checkout: each session installs its checkout editable, so envs shared by
     two checkouts would point at whichever ran last, and a run in one breaks a job (an eval, a

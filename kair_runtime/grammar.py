@@ -33,7 +33,7 @@ from kair_runtime.layout import (
     ECHO_ITEMS, ECHO_QUERIES, JUDGMENT_TAG, JUDGMENTS, NO_QUERY, QUERY_TAG, STOP_JUDGMENT, IndexSection,
     Slot, step_layout,
 )
-from kair_runtime.parser import NO_QUERY_SLOTS, clean_query
+from kair_runtime.parser import NO_QUERY_PHRASINGS, clean_query
 
 _ALNUM = "[A-Za-z0-9]"
 _ALNUM_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -163,8 +163,7 @@ HEADER_PHRASES = {p for n in (1, 2, 3, 4) for p in itertools.product(_HEADER_WOR
                   if has_index_header(" ".join(p) + ": x")}
 # "none"-like queries, as the parser reads them (clean_query gives "" for them): the parser's own
 # no-query phrasings, kept where clean_query reads them as no query.
-_NO_QUERY_CANDIDATES = [NO_QUERY, "na", "null"] + [" ".join(w for w in p if w)
-                                                   for p in itertools.product(*NO_QUERY_SLOTS)]
+_NO_QUERY_CANDIDATES = [NO_QUERY, "na", "null", *NO_QUERY_PHRASINGS]
 NO_QUERY_PHRASES = _expressible(c for c in _NO_QUERY_CANDIDATES if not clean_query(c)) | _expressible(ECHO_QUERIES)
 
 

@@ -15,6 +15,7 @@ fences, or skip sections. `parse_step_output` accepts all of that, never raises,
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 from dataclasses import dataclass, field
 
@@ -55,6 +56,7 @@ _LABEL = re.compile(
 # are both built from these slots ("" marks an optional slot).
 NO_QUERY_SLOTS = (("no",), ("", "further", "more", "new"), ("", "search"), ("query", "queries"),
                   ("", "needed", "is needed", "are needed"))
+NO_QUERY_PHRASINGS = tuple(" ".join(w for w in p if w) for p in itertools.product(*NO_QUERY_SLOTS))
 
 
 def _slots_pattern(slots: tuple[tuple[str, ...], ...]) -> str:

@@ -23,12 +23,12 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
-from kair_runtime.config import LoopConfig
+from kair_runtime.config import ANSWER_MODES, LoopConfig
 from kair_runtime.index import INDEX_UPDATE_RULES, get_format
 from kair_runtime.layout import step_layout
 from kair_runtime.records import Index, Message, ScoredPassage
 
-ROLES = ("init", "update", "answer", "answer_docs", "answer_index")
+ROLES = ("init", "update", *ANSWER_MODES)
 
 
 def default_prompt_dir() -> Path:

@@ -15,8 +15,7 @@ from kair_runtime.config import LLMConfig, LoopConfig, RetrieverConfig
 from kair_runtime.demo_data import load_demo_questions
 from kair_runtime.grammar import longest, step_grammar
 from kair_runtime.layout import LAYOUTS
-from kair_runtime.llm import SamplingParams
-from kair_runtime.llm import build_llm
+from kair_runtime.llm import SamplingParams, build_llm
 from kair_runtime.llm.openai import OpenAIBackend
 from kair_runtime.loop import KairLoop
 from kair_runtime.parser import parse_step_output
