@@ -118,6 +118,15 @@ class Phase:
                 f"wall={self.wall_s:7.1f}s  p50={p50:6.2f}s  p95={p95:6.2f}s  throughput={self.throughput:6.2f} req/s")
 
 
+def _post(client: httpx.Client, body: dict) -> str | None:
+    """One /v1/answer request; None when it succeeded, else the error as one short line."""
+    try:
+        r = client.post("/v1/answer", json=body)
+    except httpx.HTTPError as e:
+        return f"{type(e).__name__}: {e}"
+    return None if r.status_code == 200 else f"{r.status_code}: {r.text[:200]}"
+
+
 def run_phase(name: str, url: str, bodies: list[dict], clients: int, time_limit_s: float,
               timeout_s: float) -> Phase:
     phase, lock = Phase(name), threading.Lock()
@@ -132,11 +141,7 @@ def run_phase(name: str, url: str, bodies: list[dict], clients: int, time_limit_
         if not hasattr(local, "client"):  # one keep-alive connection per client thread
             local.client = httpx.Client(base_url=url, timeout=timeout_s)
         t0 = time.perf_counter()
-        try:
-            r = local.client.post("/v1/answer", json=body)
-            error = None if r.status_code == 200 else f"{r.status_code}: {r.text[:200]}"
-        except httpx.HTTPError as e:
-            error = f"{type(e).__name__}: {e}"
+        error = _post(local.client, body)
         with lock:
             if error:
                 phase.errors.append(error)
@@ -157,12 +162,8 @@ def run_poison_phase(name: str, url: str, normal: list[dict], poison: dict | Non
 
     def one(body: dict) -> None:
         t0 = time.perf_counter()
-        try:
-            with httpx.Client(base_url=url, timeout=timeout_s) as client:
-                r = client.post("/v1/answer", json=body)
-            error = None if r.status_code == 200 else f"{r.status_code}: {r.text[:200]}"
-        except httpx.HTTPError as e:
-            error = f"{type(e).__name__}: {e}"
+        with httpx.Client(base_url=url, timeout=timeout_s) as client:
+            error = _post(client, body)
         with lock:
             if error:
                 phase.errors.append(error)

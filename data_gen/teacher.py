@@ -165,40 +165,39 @@ def _generate_waves(cfg: GenerateConfig, llm: LLM, retriever: Retriever, questio
     from tqdm import tqdm
 
     total = len(questions) * len(samples)
-    bar = tqdm(total=total, initial=len(done) - len(retry), desc=f"teacher shard {cfg.shard}/{cfg.num_shards}",
-               unit="traj", disable=not progress, dynamic_ncols=True)
-    with JsonlWriter(path) as out:
-        for wave in _waves(cfg, llm, retriever, questions, samples, lambda k: k not in done):
-            for trace in wave:
-                out.write([trace.to_dict()])  # one complete, fsynced line per finished trajectory
-                result.written += 1
-                result.failed += trace.error is not None
-                bar.update(1)
-    # With the appending writer closed: a rewrite renames a new file over the old one. Retried
-    # trajectories are written a round's worth at a time, at least every RETRY_FLUSH_S, and
-    # whatever is done when the run stops (Ctrl-C, a dead engine): a kill loses at most the last
-    # RETRY_FLUSH_S of finished work, not a round of slow sampled trajectories.
-    flush_every, pending, last = cfg.runtime.loop.round_size, {}, time.monotonic()
+    with tqdm(total=total, initial=len(done) - len(retry), desc=f"teacher shard {cfg.shard}/{cfg.num_shards}",
+              unit="traj", disable=not progress, dynamic_ncols=True) as bar:
+        with JsonlWriter(path) as out:
+            for wave in _waves(cfg, llm, retriever, questions, samples, lambda k: k not in done):
+                for trace in wave:
+                    out.write([trace.to_dict()])  # one complete, fsynced line per finished trajectory
+                    result.written += 1
+                    result.failed += trace.error is not None
+                    bar.update(1)
+        # With the appending writer closed: a rewrite renames a new file over the old one. Retried
+        # trajectories are written a round's worth at a time, at least every RETRY_FLUSH_S, and
+        # whatever is done when the run stops (Ctrl-C, a dead engine): a kill loses at most the last
+        # RETRY_FLUSH_S of finished work, not a round of slow sampled trajectories.
+        flush_every, pending, last = cfg.runtime.loop.round_size, {}, time.monotonic()
 
-    def flush() -> None:
-        nonlocal pending, last
-        if pending:
-            replace_records(path, pending, key=lambda r: trajectory_key(Trace.from_dict(r)))
-        pending, last = {}, time.monotonic()
+        def flush() -> None:
+            nonlocal pending, last
+            if pending:
+                replace_records(path, pending, key=lambda r: trajectory_key(Trace.from_dict(r)))
+            pending, last = {}, time.monotonic()
 
-    try:
-        for wave in _waves(cfg, llm, retriever, questions, samples, lambda k: k in retry):
-            for trace in wave:
-                pending[trajectory_key(trace)] = trace.to_dict()
-                result.written += 1
-                result.retried += 1
-                result.failed -= trace.error is None
-                bar.update(1)
-                if len(pending) >= flush_every or time.monotonic() - last >= RETRY_FLUSH_S:
-                    flush()
-    finally:
-        flush()
-    bar.close()
+        try:
+            for wave in _waves(cfg, llm, retriever, questions, samples, lambda k: k in retry):
+                for trace in wave:
+                    pending[trajectory_key(trace)] = trace.to_dict()
+                    result.written += 1
+                    result.retried += 1
+                    result.failed -= trace.error is None
+                    bar.update(1)
+                    if len(pending) >= flush_every or time.monotonic() - last >= RETRY_FLUSH_S:
+                        flush()
+        finally:
+            flush()
 
 
 def _waves(cfg: GenerateConfig, llm: LLM, retriever: Retriever, questions: list[Question], samples: list[Sample],

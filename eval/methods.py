@@ -116,9 +116,10 @@ def _no_index(llm, retriever, settings, final_docs):
 
 @register_method("no-evolving")
 class NoEvolving:
-    """The no-index loop, then one index over all retrieved documents (the init prompt of the
-    configured format), then the answer from documents + that index. The index-building call is
-    kept in `trace.extra["index_build"]` and its tokens count in the final call's tokens.
+    """The no-index loop's search (stopped before its answer call), then one index over all
+    retrieved documents (the init prompt of the configured format), then the answer from
+    documents + that index. The index-building call is kept in `trace.extra["index_build"]` and
+    its tokens count in the final call's tokens.
 
     The loop's pieces, not a copy of them: the searching is KairLoop, the build call uses the
     loop's step sampling and the format's init prompt and parser, failures and answer documents go
@@ -129,7 +130,8 @@ class NoEvolving:
 
     def __init__(self, llm, retriever, settings: MethodSettings, final_docs):
         self.llm = llm
-        self.searching = _no_index(llm, retriever, settings, final_docs)
+        searching = dataclasses.replace(settings.loop, index_format="none")
+        self.searching = _NamedLoop(self.name, build_loop(llm, retriever, searching, answers=False))
         self.prompts = PromptSet.for_loop(settings.loop)
         self.sampling = self.searching.loop.step_sampling
         self.answer_sampling = self.searching.loop.answer_sampling

@@ -204,6 +204,13 @@ def write_plots(rows: list[dict[str, Any]], datasets: list[str], out_dir: Path) 
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
+
+    def save(name: str, fig) -> Path:
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=120)
+        plt.close(fig)  # pyplot keeps every open figure alive otherwise
+        return out_dir / name
+
     labels = list(dict.fromkeys(f"{r['model']} / {r['method']}" for r in rows))
     f1 = {(f"{r['model']} / {r['method']}", r["dataset"]): r["summary"]["f1"] for r in rows}
 
@@ -216,10 +223,7 @@ def write_plots(rows: list[dict[str, Any]], datasets: list[str], out_dir: Path) 
     ax.set_ylabel("F1")
     ax.set_title("F1 per dataset and method")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / "f1.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save("f1.png", fig))
 
     fig, ax = plt.subplots(figsize=(8, 4))
     names = [f"{r['method']}\n{r['dataset']}" for r in rows]
@@ -233,10 +237,7 @@ def write_plots(rows: list[dict[str, Any]], datasets: list[str], out_dir: Path) 
     ax.set_ylabel("% of questions")
     ax.set_title("Reached retrieval step")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out_dir / "steps.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(save("steps.png", fig))
 
     sized = [r for r in rows if r["summary"]["index_size_per_step"]]
     if sized:
@@ -251,8 +252,5 @@ def write_plots(rows: list[dict[str, Any]], datasets: list[str], out_dir: Path) 
         ax.set_ylabel("mean count")
         ax.set_title("Index size per step")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(out_dir / "index_size.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        paths.append(save("index_size.png", fig))
     return paths

@@ -73,11 +73,14 @@ class StateAwareLLM(Protocol):
 
 class KairLoop:
     def __init__(self, llm: LLM | StateAwareLLM, retriever: Retriever, config: LoopConfig | None = None,
-                 prompts: PromptSet | None = None, final_docs: FinalDocsFn | None = None):
+                 prompts: PromptSet | None = None, final_docs: FinalDocsFn | None = None, answers: bool = True):
         self.llm = llm
         self.retriever = retriever
         # Reorders the answer prompt's documents (eval's shuffle and gold-position studies).
         self.final_docs = final_docs
+        # False: the loop only searches and its traces end without an answer (the no-evolving
+        # ablation builds an index afterwards and answers from that).
+        self.answers = answers
         self.cfg = config or LoopConfig()
         check_no_repeat_ngram(llm, self.cfg.no_repeat_ngram)
         check_grammar(llm, self.cfg.structured)
@@ -209,7 +212,7 @@ class KairLoop:
             s.on_event("step", tr, step)
 
     def _answer_round(self, states: list[QuestionState]) -> None:
-        todo = [s for s in states if s.trace.error is None]
+        todo = [s for s in states if s.trace.error is None and self.answers]
         prompts = [self.prompts.answer(s.trace.question.question, final_docs_for(s.trace, self.final_docs),
                                        s.trace.final_index, self.cfg.answer_mode) for s in todo]
         completions = self._generate(ANSWER, todo, prompts, self.answer_sampling)

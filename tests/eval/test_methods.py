@@ -78,6 +78,18 @@ def test_ablations_change_what_the_answer_sees(word_overlap):
     assert "Relationships:" in no_evolving.final_prompt[-1]["content"]
 
 
+def test_no_evolving_makes_one_build_and_one_answer_call_after_its_search(word_overlap):
+    """Its search stops before the no-index loop's answer call: that answer was never used."""
+    calls = []
+    def respond(messages):
+        calls.append(messages[-1]["content"])
+        return cot_respond(messages)
+    s = MethodSettings(loop=LoopConfig(max_steps=2))
+    (t,) = build_method("no-evolving", ScriptedLLM(respond), word_overlap, s).run(QUESTIONS[:1])
+    assert len(calls) == len(t.steps) + 2
+    assert calls[-1] == t.final_prompt[-1]["content"] and calls[-2] == t.extra["index_build"]["prompt"][-1]["content"]
+
+
 def test_final_docs_hook_reorders_the_answer_documents(word_overlap):
     s = MethodSettings(loop=LoopConfig(max_steps=1, top_k=3))
     reverse = lambda q, docs: list(reversed(docs))
