@@ -176,6 +176,19 @@ class Zero3ShardReportCallback(TrainerCallback):
         return control
 
 
+def check_zero3_quantized(plugin, load_in_4bit: bool, quant_storage: str | None, dtype: str | None) -> None:
+    """ZeRO-3 shards every parameter as one flat buffer per dtype group; bitsandbytes stores 4-bit
+    weights as uint8 unless bnb_4bit_quant_storage names the dtype of the rest of the model (PEFT's
+    DeepSpeed QLoRA recipe). Refuse the mixed model before loading it. No shipped config does
+    QLoRA under ZeRO-3 (and none has run here): this keeps a user's own from failing obscurely."""
+    if plugin is None or plugin.zero_stage != 3 or not load_in_4bit:
+        return
+    if dtype in (None, "auto") or quant_storage != dtype:
+        raise ValueError(f"QLoRA under DeepSpeed ZeRO-3 needs bnb_4bit_quant_storage equal to dtype (e.g. both "
+                         f"bfloat16), so the 4-bit weights shard with the rest; got bnb_4bit_quant_storage="
+                         f"{quant_storage}, dtype={dtype}. Or train QLoRA with configs/accelerate/single_gpu.yaml")
+
+
 def check_zero3_gather(plugin) -> None:
     """ZeRO-3 keeps each weight sharded across ranks; unless 16-bit weights are gathered on save,
     the saved adapter holds empty placeholders. Fail before training, not after. `plugin` is

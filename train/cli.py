@@ -32,11 +32,30 @@ def set_to_flags(overrides: list[str]) -> list[str]:
     return flags
 
 
-def accelerate_command(config: str, accelerate_config: str, flags: list[str]) -> list[str]:
+def accelerate_command(config: str, accelerate_config: str, flags: list[str],
+                       num_processes: int | None = None) -> list[str]:
     """The `accelerate launch` command line equivalent to `kair train` with these arguments."""
     script = Path(__file__).resolve().parent / "sft.py"
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", accelerate_config,
+    count = ["--num_processes", str(num_processes)] if num_processes is not None else []
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", accelerate_config, *count,
             str(script), "--config", config, *flags]
+
+
+def processes_for(accelerate_config: str, num_processes: int | None) -> int | None:
+    """--num_processes for accelerate: the user's, else none where the config sets it, else one per
+    visible GPU (the GPU configs leave it out so that no fixed count outruns the machine)."""
+    import yaml
+
+    if num_processes is not None:
+        return num_processes
+    path = Path(accelerate_config)
+    if not path.is_file():
+        raise typer.BadParameter(f"{path} not found", param_hint="--accelerate-config")
+    if (yaml.safe_load(path.read_text()) or {}).get("num_processes") is not None:
+        return None
+    import torch
+
+    return max(torch.cuda.device_count(), 1)
 
 
 def train_command(
@@ -44,12 +63,15 @@ def train_command(
     set_: list[str] = typer.Option([], "--set", help="Override a config key: --set learning_rate=1e-4"),
     accelerate_config: Optional[str] = typer.Option(
         None, "--accelerate-config", help="Run under `accelerate launch` with this configs/accelerate/*.yaml."),
+    num_processes: Optional[int] = typer.Option(
+        None, "--num-processes", help="With --accelerate-config: processes to start (default: the config's "
+                                      "num_processes, or one per visible GPU where it has none)."),
     flags: Optional[list[str]] = typer.Argument(None, help="More SFT parser flags after --, e.g. -- --max_steps 10"),
 ) -> None:
     """LoRA / QLoRA SFT of a KAIR student (train/sft.py)."""
     args = set_to_flags(set_) + list(flags or [])
     if accelerate_config:
-        cmd = accelerate_command(config, accelerate_config, args)
+        cmd = accelerate_command(config, accelerate_config, args, processes_for(accelerate_config, num_processes))
         typer.echo("+ " + shlex.join(cmd), err=True)
         raise typer.Exit(subprocess.call(cmd))
     from train.sft import run

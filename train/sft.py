@@ -3,8 +3,8 @@ LoRA / QLoRA SFT of a KAIR student with TRL's SFTTrainer.
 
 # LoRA, bf16, DeepSpeed ZeRO-2 (one 80 GB GPU per process; any number of processes)
 ```bash
-accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml train/sft.py --config configs/train/qwen2.5-7b-lora.yaml
-accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml train/sft.py --config configs/train/llama3.1-8b-lora.yaml
+accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml --num_processes $(nvidia-smi -L | wc -l) train/sft.py --config configs/train/qwen2.5-7b-lora.yaml
+accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml --num_processes $(nvidia-smi -L | wc -l) train/sft.py --config configs/train/llama3.1-8b-lora.yaml
 ```
 
 # QLoRA, 4-bit base (one 24 GB GPU)
@@ -16,7 +16,7 @@ accelerate launch --config_file configs/accelerate/single_gpu.yaml train/sft.py 
 # Single process (CPU or one GPU), and the same through the `kair` command
 ```bash
 python -m train.tiny_run runs/tiny && python -m train.sft --config configs/train/tiny-cpu.yaml
-kair train --config configs/train/qwen2.5-7b-qlora.yaml
+CUDA_VISIBLE_DEVICES=0 kair train --config configs/train/qwen2.5-7b-qlora.yaml  # one GPU: else device_map spreads it
 kair train --config configs/train/qwen2.5-7b-lora.yaml --accelerate-config configs/accelerate/deepspeed_zero2.yaml
 ```
 
@@ -258,10 +258,12 @@ def build_trainer(script_args: KairSFTArguments, training_args, model_args):
     from trl import SFTTrainer, get_peft_config, get_quantization_config
 
     from train.checks import (AdapterCheckCallback, ResumeCadenceCallback, Zero3ShardReportCallback,
-                              check_assistant_labels, check_zero3_gather)
+                              check_assistant_labels, check_zero3_gather, check_zero3_quantized)
 
     deepspeed_plugin = getattr(training_args, "deepspeed_plugin", None)
     check_zero3_gather(deepspeed_plugin)
+    check_zero3_quantized(deepspeed_plugin, model_args.load_in_4bit, model_args.bnb_4bit_quant_storage,
+                          model_args.dtype)
     bnb = require_bitsandbytes() if model_args.load_in_4bit or model_args.load_in_8bit else None
     train_dataset, eval_dataset = load_sft_splits(script_args, need_eval=training_args.eval_strategy != "no")
     tokenizer, own_template, eot = prepare_tokenizer(script_args, training_args, model_args, train_dataset)

@@ -51,12 +51,15 @@ class LLM(Protocol):
     def generate(self, prompts: list[list[Message]], sampling: SamplingParams) -> list[Completion]: ...
 
 
-def auto_dtype(dtype: str, on_gpu: bool) -> str:
-    """The one meaning of `llm.dtype: auto` for in-process backends: bfloat16 on a GPU, float32 on
-    a CPU (where bf16 matmuls are slow or emulated and float32 keeps backends comparable)."""
+def auto_dtype(dtype: str, on_gpu: bool, gpu_has_bf16: bool = True) -> str:
+    """The one meaning of `llm.dtype: auto` for in-process backends: bfloat16 on a GPU (float16 on
+    one older than Ampere, which has no bfloat16: vLLM refuses it there), float32 on a CPU (where
+    bf16 matmuls are slow or emulated and float32 keeps backends comparable)."""
     if dtype != "auto":
         return dtype
-    return "bfloat16" if on_gpu else "float32"
+    if not on_gpu:
+        return "float32"
+    return "bfloat16" if gpu_has_bf16 else "float16"
 
 
 class BackendError(UserError, RuntimeError):

@@ -264,7 +264,8 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.d
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
-    dtype = auto_dtype(dtype, on_gpu=dev.type == "cuda")
+    on_gpu = dev.type == "cuda"
+    dtype = auto_dtype(dtype, on_gpu, gpu_has_bf16=on_gpu and torch.cuda.is_bf16_supported(including_emulation=False))
     if dtype not in DTYPES:
         raise BackendError(f"llm.dtype: unknown dtype {dtype!r}; choose auto or one of {sorted(DTYPES)}")
     return dev, DTYPES[dtype]

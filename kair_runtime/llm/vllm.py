@@ -55,7 +55,9 @@ class VLLMBackend:
         from kair_runtime.llm.hf import resolve_model  # the embedded model name works here too
 
         on_cpu = current_platform.is_cpu()
-        dtype = auto_dtype(cfg.dtype, on_gpu=not on_cpu)
+        # has_device_capability asks NVML, so no CUDA context is made in this process before the engine's
+        dtype = auto_dtype(cfg.dtype, on_gpu=not on_cpu,
+                           gpu_has_bf16=not on_cpu and current_platform.has_device_capability(80))
         if dtype not in DTYPES:
             raise BackendError(f"llm.dtype: unknown dtype {cfg.dtype!r}; choose auto or one of {list(DTYPES)}")
         kwargs = dict(model=resolve_model(cfg.model), tensor_parallel_size=cfg.tensor_parallel_size,

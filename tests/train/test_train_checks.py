@@ -11,7 +11,7 @@ import yaml
 from safetensors.torch import load_file, save_file
 from sft_helpers import ROOT, tiny_args
 
-from train.checks import ADAPTER_FILE, AdapterCheckError, check_adapter, check_zero3_gather
+from train.checks import ADAPTER_FILE, AdapterCheckError, check_adapter, check_zero3_gather, check_zero3_quantized
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -81,6 +81,16 @@ def test_zero3_config_gathers_weights_and_a_config_that_does_not_is_refused():
     check_zero3_gather(None)
     with pytest.raises(AdapterCheckError, match="stage3_gather_16bit_weights_on_model_save"):
         check_zero3_gather(_plugin(zero3, stage3_gather_16bit_weights_on_model_save=False))
+
+
+def test_qlora_under_zero3_needs_the_quant_storage_of_its_dtype():
+    zero3, zero2 = (_plugin(ROOT / "configs" / "accelerate" / f"deepspeed_zero{n}.yaml") for n in (3, 2))
+    check_zero3_quantized(zero3, True, "bfloat16", "bfloat16")
+    check_zero3_quantized(zero2, True, None, "bfloat16")  # ZeRO-2 does not shard the weights
+    check_zero3_quantized(zero3, False, None, "bfloat16")  # plain LoRA
+    check_zero3_quantized(None, True, None, "bfloat16")
+    with pytest.raises(ValueError, match="bnb_4bit_quant_storage=None, dtype=bfloat16"):
+        check_zero3_quantized(zero3, True, None, "bfloat16")
 
 
 def test_a_run_that_saves_an_untrained_adapter_fails_at_the_checkpoint(qwen_real_dir, sft_data_dir, tmp_path):

@@ -8,7 +8,7 @@ import json
 import pytest
 import typer
 from lexical import WordOverlap
-from sft_helpers import TINY_CONFIG, real_template, tiny_args
+from sft_helpers import ROOT, TINY_CONFIG, real_template, tiny_args
 from typer.testing import CliRunner
 
 from kair_runtime.config import LLMConfig, LoopConfig
@@ -112,6 +112,17 @@ def test_accelerate_command_is_the_documented_launch():
     assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and cmd[cmd.index("--config_file") + 1].endswith("zero2.yaml")
     assert cmd[-5].endswith("train/sft.py") and cmd[-4:] == ["--config", "configs/train/qwen2.5-7b-lora.yaml",
                                                              "--learning_rate", "1e-4"]
+
+
+def test_kair_train_starts_one_process_per_gpu_where_the_accelerate_config_sets_no_count():
+    from train.cli import accelerate_command, processes_for
+
+    accel = ROOT / "configs" / "accelerate"
+    assert processes_for(str(accel / "deepspeed_zero2.yaml"), None) == 1  # no GPU here: one process
+    assert processes_for(str(accel / "deepspeed_zero2.yaml"), 4) == 4
+    assert processes_for(str(accel / "cpu_multi.yaml"), None) is None  # its own 2
+    cmd = accelerate_command("c.yaml", str(accel / "deepspeed_zero2.yaml"), [], 4)
+    assert cmd[cmd.index("--num_processes") + 1] == "4" and cmd.index("--num_processes") < cmd.index("--config")
 
 
 def test_bad_sft_rows_are_errors_naming_the_line(tmp_path):

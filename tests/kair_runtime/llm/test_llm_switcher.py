@@ -47,6 +47,7 @@ def test_other_backends_are_rebuilt_each_closing_the_last(monkeypatch):
 
 def test_auto_dtype_means_one_thing_on_every_in_process_backend():
     assert auto_dtype("auto", on_gpu=True) == "bfloat16"
+    assert auto_dtype("auto", on_gpu=True, gpu_has_bf16=False) == "float16"  # a T4, a V100
     assert auto_dtype("auto", on_gpu=False) == "float32"
     assert auto_dtype("float16", on_gpu=False) == "float16"
 
