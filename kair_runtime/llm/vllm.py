@@ -47,6 +47,10 @@ class VLLMBackend:
         # vLLM logs to stdout unless told otherwise, which would corrupt `kair ask --json`. It
         # reads this when first imported, and its engine processes inherit it.
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+        # vLLM forks its engine process on a GPU unless CUDA is already up, and always spawns on a
+        # CPU. Spawn everywhere: one start method, the one tested here, and no fork of a process
+        # whose other threads may hold locks (kair serve starts the engine from a loader thread).
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         try:
             import vllm
             from vllm.platforms import current_platform
