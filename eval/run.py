@@ -43,7 +43,7 @@ from kair_runtime.llm import AdapterSwitcher
 from kair_runtime.records import Question, ScoredPassage, Trace
 from kair_runtime.retrieval import Retriever
 from kair_runtime.rundir import claim
-from kair_runtime.runtime import retriever_over
+from kair_runtime.runtime import retrievers_over
 
 
 @dataclass
@@ -135,11 +135,13 @@ def corpus_file_name(pairs: list[tuple[str, str]]) -> str:
     return "+".join(parts) + ".jsonl"
 
 
-def retriever_for(spec: DatasetSpec, cfg: EvalConfig, run_dir: Path) -> tuple[Retriever, Path]:
-    """The retriever a dataset is evaluated with, and the passages file its gold ids map into, by
-    runtime.retriever_over's rule: `retriever.index_dir`, else `retriever.corpus`, else the
-    dataset's own corpus (built into RUN/corpora/ only then)."""
-    return retriever_over(cfg.runtime.retriever, lambda: corpus_for(spec, run_dir / "corpora"))
+def retrievers_for(specs: list[DatasetSpec], cfg: EvalConfig, run_dir: Path) -> list[tuple[Retriever, Path]]:
+    """The retriever each dataset is evaluated with, and the passages file its gold ids map into,
+    by runtime.retriever_over's rule: `retriever.index_dir`, else `retriever.corpus`, else the
+    dataset's own corpus (built into RUN/corpora/ only then). Datasets on one passages file (a
+    prebuilt index) share one retriever."""
+    corpora = [lambda spec=spec: corpus_for(spec, run_dir / "corpora") for spec in specs]
+    return retrievers_over(cfg.runtime.retriever, corpora)
 
 
 def check_eval_config(cfg: EvalConfig) -> None:
@@ -208,8 +210,8 @@ def run_eval(cfg: EvalConfig, run_dir: Path, progress: bool = True, retry_failed
     _claim_run_dir(run_dir, cfg)
 
     data = []
-    for spec, questions, skipped in loaded:
-        retriever, passages = retriever_for(spec, cfg, run_dir)
+    built = retrievers_for([spec for spec, _, _ in loaded], cfg, run_dir)
+    for (spec, questions, skipped), (retriever, passages) in zip(loaded, built):
         data.append((spec, questions, skipped, retriever, gold_ids_for(questions, passages)))
 
     settings = MethodSettings(loop=cfg.runtime.loop, **dataclasses.asdict(cfg.baselines))

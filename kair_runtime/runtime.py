@@ -54,6 +54,21 @@ def build_loop(llm: LLM, retriever: Retriever, loop: LoopConfig, **kwargs) -> Ka
     return KairLoop(llm, retriever, loop, **kwargs)
 
 
+def retrievers_over(rc: RetrieverConfig, corpora: list[CorpusSource]) -> list[tuple[Retriever, Path]]:
+    """retriever_over for several callers' corpora (one per dataset), with one retriever per
+    passages file: a prebuilt index (`index_dir`) serving every dataset is loaded once, not once
+    per dataset (each copy holds the whole index and its encoder in memory)."""
+    built: dict[Path, Retriever] = {}
+    out = []
+    for corpus in corpora:
+        cfg, passages = retriever_config_over(rc, corpus)
+        key = passages.resolve()
+        if key not in built:
+            built[key] = build_retriever(cfg)
+        out.append((built[key], passages))
+    return out
+
+
 def loop_from_config(cfg: RuntimeConfig) -> KairLoop:
     """Everything from one runtime config (`kair ask`)."""
     llm = build_llm(cfg.llm)  # first, as before: a bad model is reported before a bad corpus
@@ -62,4 +77,4 @@ def loop_from_config(cfg: RuntimeConfig) -> KairLoop:
 
 
 __all__ = ["CorpusSource", "build_llm", "build_loop", "build_retriever", "loop_from_config", "retriever_config_over",
-           "retriever_over"]
+           "retriever_over", "retrievers_over"]

@@ -81,7 +81,7 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
         TimeRemainingColumn
 
     from eval.report import write_plots
-    from kair_runtime.runtime import build_retriever, retriever_config_over
+    from kair_runtime.runtime import retrievers_over
 
     check_config(cfg)
     console = console or Console()
@@ -106,13 +106,10 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
     train, dev = benchmark_sets(cfg, out) if benchmark else demo_sets(cfg)
     source = f"benchmark files in {cfg.data_dir}" if benchmark else (cfg.data_dir or "the embedded demo world")
     rc = cfg.runtime.retriever
-    retrievers: dict[Path, Any] = {}  # one per passages file: a prebuilt index serves every set
+    sets = [train, *dev]
     by_set = {}
-    for qs in [train, *dev]:
-        qrc, passages = retriever_config_over(rc, qs.corpus)
-        if passages not in retrievers:
-            retrievers[passages] = build_retriever(qrc)
-        by_set[qs.label] = retrievers[passages]
+    for qs, (retriever, passages) in zip(sets, retrievers_over(rc, [qs.corpus for qs in sets])):
+        by_set[qs.label] = retriever
         console.print(f"{qs.label}: {len(qs.questions)} questions, {rc.kind} retriever over {rc.index_dir or passages}")
 
     stage("data")

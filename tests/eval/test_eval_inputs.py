@@ -71,6 +71,21 @@ def test_eval_retrieves_from_a_prebuilt_index(tmp_path):
     assert rows[0]["summary"]["recall"]["questions_with_gold"] == 3 and rows[0]["summary"]["recall"]["first_query"] > 0
 
 
+def test_datasets_evaluated_over_one_index_load_it_once(tmp_path, monkeypatch):
+    import kair_runtime.runtime as runtime
+
+    corpus = tmp_path / "musique.jsonl"
+    build_corpus([("musique", "dev")], out=corpus)
+    index = tmp_path / "index"
+    CliRunner().invoke(index_app, ["build", "--corpus", str(corpus), "--out", str(index), "--retriever", "bm25"])
+    built = []
+    monkeypatch.setattr(runtime, "build_retriever", lambda rc, real=runtime.build_retriever: built.append(rc) or real(rc))
+    cfg = config(datasets=[DatasetSpec("musique"), DatasetSpec("hotpotqa"), DatasetSpec("2wikimultihopqa")])
+    cfg.runtime.retriever.index_dir = str(index)
+    rows = run_eval(cfg, tmp_path / "run", progress=False)
+    assert len(rows) == 3 and len(built) == 1  # it was one copy of the whole index per dataset
+
+
 def test_an_index_and_a_dataset_corpus_together_are_refused(tmp_path):
     cfg = config(datasets=[DatasetSpec("musique", corpus_from=["hotpotqa:dev"])])
     cfg.runtime.retriever.index_dir = str(tmp_path / "index")

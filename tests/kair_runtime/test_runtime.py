@@ -14,7 +14,8 @@ from kair_runtime.demo_data import demo_corpus_path
 from kair_runtime.records import Question
 from kair_runtime.retrieval.bm25 import build_bm25_index
 from kair_runtime.retrieval.base import load_corpus
-from kair_runtime.runtime import build_llm, build_loop, loop_from_config, retriever_config_over, retriever_over
+from kair_runtime.runtime import (build_llm, build_loop, loop_from_config, retriever_config_over, retriever_over,
+                                  retrievers_over)
 
 
 def corpus(path: Path, tag: str) -> Path:
@@ -62,6 +63,15 @@ def test_callers_corpus_is_built_only_when_reached(corpora):
     assert built == [1] and cfg.corpus == str(closed) and passages == closed
     retriever, passages = retriever_over(RetrieverConfig(kind="bm25"), closed)  # a plain path works too
     assert top_id(retriever) == "closed-0" and passages == closed
+
+
+def test_datasets_on_one_index_share_one_retriever_and_own_corpora_get_their_own(corpora):
+    index_dir, given, closed = corpora
+    (a, pa), (b, pb) = retrievers_over(RetrieverConfig(kind="bm25", index_dir=str(index_dir)), [never_built, never_built])
+    assert a is b and pa == pb == index_dir / "passages.jsonl"  # one copy of the index, not one per dataset
+    (a, pa), (b, pb), (c, pc) = retrievers_over(RetrieverConfig(kind="bm25"), [given, closed, given])
+    assert a is c and a is not b and (pa, pb, pc) == (given, closed, given)
+    assert (top_id(a), top_id(b)) == ("given-0", "closed-0")
 
 
 def test_nothing_set_means_the_embedded_demo_corpus():
