@@ -57,14 +57,16 @@ def build_loop(llm: LLM, retriever: Retriever, loop: LoopConfig, **kwargs) -> Ka
 def retrievers_over(rc: RetrieverConfig, corpora: list[CorpusSource]) -> list[tuple[Retriever, Path]]:
     """retriever_over for several callers' corpora (one per dataset), with one retriever per
     passages file: a prebuilt index (`index_dir`) serving every dataset is loaded once, not once
-    per dataset (each copy holds the whole index and its encoder in memory)."""
+    per dataset (each copy holds the whole index and its encoder in memory). Dense retrievers over
+    different corpora share one encoder: one model on the GPU that vLLM's engine shares next."""
     built: dict[Path, Retriever] = {}
     out = []
     for corpus in corpora:
         cfg, passages = retriever_config_over(rc, corpus)
         key = passages.resolve()
         if key not in built:
-            built[key] = build_retriever(cfg)
+            first = next(iter(built.values()), None)  # same settings: its encoder is theirs too
+            built[key] = build_retriever(cfg, encoder=getattr(first, "encoder", None))
         out.append((built[key], passages))
     return out
 

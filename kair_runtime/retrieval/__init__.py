@@ -15,14 +15,16 @@ RETRIEVERS: dict[str, str] = {
 }
 
 
-def build_retriever(cfg: RetrieverConfig) -> Retriever:
+def build_retriever(cfg: RetrieverConfig, encoder=None) -> Retriever:
+    """`encoder`: a loaded dense encoder to use instead of loading cfg.encoder (dense only), so
+    several dense retrievers hold one model."""
     if cfg.kind not in RETRIEVERS:
         raise KeyError(f"unknown retriever {cfg.kind!r}; choose one of {sorted(RETRIEVERS)}")
     module, _, attr = RETRIEVERS[cfg.kind].partition(":")
     obj = importlib.import_module(module)
     for part in attr.split("."):
         obj = getattr(obj, part)
-    return obj(cfg)
+    return obj(cfg) if encoder is None else obj(cfg, encoder=encoder)
 
 
 __all__ = ["RETRIEVERS", "CorpusError", "Retriever", "build_retriever", "iter_corpus", "load_corpus"]

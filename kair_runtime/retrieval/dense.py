@@ -256,12 +256,13 @@ class DenseRetriever:
         return cls(read_faiss_index(index_dir / INDEX_FILE), PassageStore(index_dir), encoder, nprobe)
 
     @classmethod
-    def from_config(cls, cfg: RetrieverConfig) -> "DenseRetriever":
+    def from_config(cls, cfg: RetrieverConfig, encoder: Encoder | None = None) -> "DenseRetriever":
+        """`encoder`: one already loaded with cfg's settings (shared by several retrievers)."""
         if cfg.index_dir:
-            return cls.load(cfg.index_dir, cfg.encoder, cfg.nprobe, cfg.device, cfg.batch_size,
+            return cls.load(cfg.index_dir, encoder or cfg.encoder, cfg.nprobe, cfg.device, cfg.batch_size,
                             cfg.query_instruction)
         corpus = cfg.corpus or _demo_corpus()
-        encoder = Encoder(cfg.encoder, cfg.device, cfg.batch_size, cfg.query_instruction)
+        encoder = encoder or Encoder(cfg.encoder, cfg.device, cfg.batch_size, cfg.query_instruction)
         return cls.from_passages(load_corpus(corpus), encoder, cfg.index_factory, cfg.nprobe, str(corpus))
 
     def search(self, queries: list[str], k: int) -> list[list[ScoredPassage]]:

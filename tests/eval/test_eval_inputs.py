@@ -79,7 +79,8 @@ def test_datasets_evaluated_over_one_index_load_it_once(tmp_path, monkeypatch):
     index = tmp_path / "index"
     CliRunner().invoke(index_app, ["build", "--corpus", str(corpus), "--out", str(index), "--retriever", "bm25"])
     built = []
-    monkeypatch.setattr(runtime, "build_retriever", lambda rc, real=runtime.build_retriever: built.append(rc) or real(rc))
+    real = runtime.build_retriever
+    monkeypatch.setattr(runtime, "build_retriever", lambda rc, **kw: built.append(rc) or real(rc, **kw))
     cfg = config(datasets=[DatasetSpec("musique"), DatasetSpec("hotpotqa"), DatasetSpec("2wikimultihopqa")])
     cfg.runtime.retriever.index_dir = str(index)
     rows = run_eval(cfg, tmp_path / "run", progress=False)

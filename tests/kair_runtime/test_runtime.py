@@ -74,6 +74,13 @@ def test_datasets_on_one_index_share_one_retriever_and_own_corpora_get_their_own
     assert (top_id(a), top_id(b)) == ("given-0", "closed-0")
 
 
+def test_dense_retrievers_over_different_corpora_share_one_encoder(corpora):
+    _, given, closed = corpora
+    (a, _), (b, _) = retrievers_over(RetrieverConfig(kind="dense", encoder="minilm"), [given, closed])
+    assert a is not b and a.encoder is b.encoder  # one model in memory, not one per dataset
+    assert (top_id(a), top_id(b)) == ("given-0", "closed-0")
+
+
 def test_nothing_set_means_the_embedded_demo_corpus():
     rc = RetrieverConfig(kind="bm25")
     cfg, passages = retriever_config_over(rc)
