@@ -89,9 +89,10 @@ class _NamedLoop:
         return traces
 
 
-def _loop(name: str, llm, retriever, settings: MethodSettings, final_docs, **overrides) -> _NamedLoop:
+def _loop(name: str, llm, retriever, settings: MethodSettings, final_docs, answers: bool = True,
+          **overrides) -> _NamedLoop:
     cfg = dataclasses.replace(settings.loop, **overrides)
-    return _NamedLoop(name, build_loop(llm, retriever, cfg, final_docs=final_docs))
+    return _NamedLoop(name, build_loop(llm, retriever, cfg, final_docs=final_docs, answers=answers))
 
 
 @register_method("kair")
@@ -130,8 +131,7 @@ class NoEvolving:
 
     def __init__(self, llm, retriever, settings: MethodSettings, final_docs):
         self.llm = llm
-        searching = dataclasses.replace(settings.loop, index_format="none")
-        self.searching = _NamedLoop(self.name, build_loop(llm, retriever, searching, answers=False))
+        self.searching = _loop(self.name, llm, retriever, settings, final_docs, answers=False, index_format="none")
         self.prompts = PromptSet.for_loop(settings.loop)
         self.sampling = self.searching.loop.step_sampling
         self.answer_sampling = self.searching.loop.answer_sampling
