@@ -40,10 +40,16 @@ class TrainSettings:
     max_length: int = 1024
     save_steps: int = 0  # > 0: a checkpoint and a validation loss every N steps
     seed: int = 0
+    # float32 | bfloat16. bfloat16: the matmuls run in bf16 under autocast (AMX on recent Xeons);
+    # with LoRA the frozen base is stored in bf16 and the adapter, its gradients and Adam states
+    # stay float32; full fine-tuning keeps float32 weights (see pipeline/demo_train.train_yaml).
+    precision: str = "float32"
     # A checkpoint dir of an earlier run with the same data: its weights, optimizer, scheduler step
     # and data position are restored and training goes on to `steps` (the schedule is over `steps`).
     resume_from_checkpoint: str | None = None
 
+
+TRAIN_PRECISIONS = ("float32", "bfloat16")
 
 # The runs stage 4 can compare, by name: (row label, method, tuned student?)
 EVAL_RUNS: dict[str, tuple[str, str, bool]] = {"prompted-kair": ("prompted", "kair", False),
@@ -90,6 +96,8 @@ def check_config(cfg: DemoConfig) -> None:
         raise ConfigError("runtime.retriever.corpus: the demo searches each question set's own corpus; "
                           "use runtime.retriever.index_dir for one prebuilt index")
     t = cfg.train
+    if t.precision not in TRAIN_PRECISIONS:
+        raise ConfigError(f"train.precision: {t.precision!r}; choose one of {', '.join(TRAIN_PRECISIONS)}")
     if t.steps < 1:
         raise ConfigError(f"train.steps must be >= 1, got {t.steps}")
     if t.resume_from_checkpoint and not (Path(t.resume_from_checkpoint) / "trainer_state.json").is_file():
@@ -97,15 +105,23 @@ def check_config(cfg: DemoConfig) -> None:
                           "checkpoint (no trainer_state.json)")
 
 
-# Settings that may change between runs into one out_dir without invalidating its traces
-# (greedy batched decoding equals one at a time, tests/kair_runtime/llm).
-TRACE_NEUTRAL = ("out_dir", "dev_limit", "dev_sets", "eval_runs", "runtime.llm.batch_size", "runtime.loop.round_size")
+# Settings that may change between runs into one out_dir without invalidating its traces.
+TRACE_NEUTRAL = ("out_dir", "dev_limit", "dev_sets", "eval_runs")
+# How prompts are grouped into generate() calls. Neutral in float32, where greedy batched decoding
+# equals one at a time (tests/kair_runtime/llm); not in bfloat16, where a row's rounding depends on
+# the shape of the batch it is computed in, so another grouping can flip a near-tie token
+# (docs/results.md, "bfloat16 on the CPU").
+BATCHING = ("runtime.llm.batch_size", "runtime.loop.round_size")
+
+
+def trace_neutral(cfg: DemoConfig) -> tuple[str, ...]:
+    return TRACE_NEUTRAL + (BATCHING if cfg.runtime.llm.dtype == "float32" else ())
 
 
 def claim_traces(cfg: DemoConfig, out: Path) -> None:
     """OUT/traces/ belongs to the settings that made it: resuming them under another loop, model or
     training setting would mix two runs in one table, so that is an error, not a resume."""
-    claim(out / "traces", to_dict(cfg), DemoConfig, file="settings.yaml", neutral=TRACE_NEUTRAL,
+    claim(out / "traces", to_dict(cfg), DemoConfig, file="settings.yaml", neutral=trace_neutral(cfg),
           holds="traces made with other settings", hint="use another --out, or delete that folder to regenerate them")
 
 

@@ -103,7 +103,8 @@ def results_markdown(cfg: DemoConfig, rows: list[dict[str, Any]], info: dict[str
         f"- trajectories: {d['sources']}; kept (answer F1 >= {cfg.min_f1}): {d['kept']} "
         f"(rejections: {d['reasons'] or 'none'})",
         f"- SFT examples: {d['examples']} (`sft/README.md`)",
-        f"- {kind}: {t.steps} steps, batch {t.batch_size}, learning rate {t.learning_rate} ({t.lr_scheduler_type})",
+        f"- {kind}: {t.steps} steps, batch {t.batch_size}, learning rate {t.learning_rate} ({t.lr_scheduler_type}), "
+        f"{t.precision}",
         f"- training loss by step: {loss_line(info['train_log'], 'loss')}",
         f"- validation loss by step: {loss_line(info['train_log'], 'eval_loss')}", "",
         "## Run statistics", "", stats_table(per_set), "",

@@ -68,14 +68,18 @@ def make_sft_data(cfg: DemoConfig, train: QuestionSet, retriever, out: Path) -> 
 def train_yaml(cfg: DemoConfig, model_dir: str, out: Path, chat_template: str = "auto") -> dict[str, Any]:
     """The train/sft.py config of the student's run (written to OUT/train.yaml, rerunnable)."""
     t = cfg.train
-    settings: dict[str, Any] = {"model_name_or_path": model_dir, "dtype": "float32", "use_peft": t.use_peft}
+    bf16 = t.precision == "bfloat16"
+    # A LoRA base is frozen, so it can be stored in bf16; the trained weights stay float32 (PEFT keeps
+    # the adapter in float32, and full fine-tuning needs float32 master weights for AdamW's small updates).
+    base_dtype = "bfloat16" if bf16 and t.use_peft else "float32"
+    settings: dict[str, Any] = {"model_name_or_path": model_dir, "dtype": base_dtype, "use_peft": t.use_peft}
     if t.use_peft:
         settings.update(lora_r=t.lora_r, lora_alpha=t.lora_alpha, lora_dropout=0.0,
                         lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                              "down_proj"])
     settings.update({
         "dataset_path": str(out / "sft" / "dataset"), "training_chat_template": chat_template,
-        "output_dir": str(student_dir(cfg, out)), "use_cpu": True, "bf16": False, "seed": t.seed,
+        "output_dir": str(student_dir(cfg, out)), "use_cpu": True, "bf16": bf16, "seed": t.seed,
         "max_steps": t.steps, "per_device_train_batch_size": t.batch_size, "gradient_accumulation_steps": 1,
         "learning_rate": t.learning_rate, "lr_scheduler_type": t.lr_scheduler_type, "warmup_steps": t.warmup_steps,
         "max_length": t.max_length, "assistant_only_loss": True, "packing": False,

@@ -41,6 +41,13 @@ trained, non-empty weights as it is written (train/checks.py).
 Precision (bf16/fp16), batch sizes, gradient accumulation and clipping are this config's under
 every launcher: no configs/accelerate/ file sets a mixed precision, and the DeepSpeed ones leave those
 values "auto" for the Trainer to fill. Under ZeRO-3 each rank logs how much of the model it holds.
+
+On a CPU with AMX (`lscpu | grep amx_bf16`) bf16 pays there too: `bf16: true` runs the matmuls in
+bf16 under autocast, and with LoRA `dtype: bfloat16` stores the frozen base in bf16 while PEFT keeps
+the adapter, its gradients and Adam states in float32 (configs/train/smollm2-135m-benchmark-cpu.yaml;
+full fine-tuning keeps `dtype: float32` under autocast). On a CPU the LM head also runs only on the
+positions that carry a label (`lm_head_on_labels_only`, see labelled_positions_only). Measured by
+`python bench/cpu_ceiling.py`.
 """
 
 from __future__ import annotations
@@ -48,9 +55,10 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from kair_runtime.jsonl import JsonlError, iter_lines
 
@@ -76,6 +84,9 @@ class KairSFTArguments:
     max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N validation rows."})
     check_adapter: bool = field(default=True, metadata={
         "help": "Check that every saved adapter is non-empty and trained; fail otherwise."})
+    lm_head_on_labels_only: bool = field(default=True, metadata={
+        "help": "On a CPU, run the LM head only on the positions that carry a label, as TRL already does on "
+                "GPUs; the loss is unchanged (see labelled_positions_only)."})
 
 
 class SFTDataError(ValueError):
@@ -226,6 +237,35 @@ def disable_bnb_cpu_repack(model, bnb) -> int:
     return changed
 
 
+@contextmanager
+def labelled_positions_only(device, enabled: bool = True) -> Iterator[bool]:
+    """While training on a CPU, make TRL's fused LM head project only the labelled positions.
+
+    TRL (1.16) scores only the positions whose next-token label is set when its Triton kernels run
+    (CUDA, XPU), and every position elsewhere, masking the unlabelled ones afterwards. With the loss
+    on assistant replies only, about 10% of a KAIR chat's tokens carry a label, so on a CPU the
+    49k-vocabulary head and its softmax did ten times the work that counts: 40% of a SmolLM2-135M
+    step (bench/cpu_ceiling.py). The choice is TRL's private `_use_triton` gate in
+    trl.trainer.utils; the chunked kernel reads its own copy of that gate to pick the tile code,
+    so only the position selection changes and the loss and gradients are the same (tested in
+    tests/train/test_train_precision.py). Restored on exit. Yields whether it is in force: not on
+    a GPU (nothing to do), and not when TRL no longer has the gate (logged, training goes on
+    unchanged)."""
+    import trl.trainer.utils as trl_utils
+
+    gate = getattr(trl_utils, "_use_triton", None)
+    if not enabled or getattr(device, "type", str(device)) != "cpu" or gate is None:
+        if enabled and gate is None:
+            log.warning("this TRL has no trl.trainer.utils._use_triton: the LM head scores every position on CPU")
+        yield False
+        return
+    trl_utils._use_triton = lambda d: d.type == "cpu" or gate(d)
+    try:
+        yield True
+    finally:
+        trl_utils._use_triton = gate
+
+
 def prepare_tokenizer(script_args: KairSFTArguments, training_args, model_args, train_dataset):
     """Load the tokenizer, switch to a training template with generation markers when needed,
     and make sure pad is not the end-of-turn token. Returns (tokenizer, the model's own template,
@@ -301,7 +341,8 @@ def main(script_args: KairSFTArguments, training_args, model_args):
     from train.checks import check_adapter
 
     trainer = build_trainer(script_args, training_args, model_args)
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    with labelled_positions_only(trainer.args.device, script_args.lm_head_on_labels_only):
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json beside the weights: the loss history of this run
     if model_args.use_peft and script_args.check_adapter and trainer.is_world_process_zero():

@@ -281,7 +281,9 @@ def load_adapter(model, adapter: str | Path):
         raise BackendError(f"llm.adapter: {path} has no adapter_config.json; expected a PEFT LoRA "
                            f"adapter directory (a training checkpoint directory works)")
     try:
-        peft_model = PeftModel.from_pretrained(model, path)
+        # The adapter in the base's dtype: PEFT would upcast it to float32 (a training concern), and a
+        # bf16 base would then cast every LoRA layer's input to float32 and back at each decoding step.
+        peft_model = PeftModel.from_pretrained(model, path, autocast_adapter_dtype=False)
     except (OSError, ValueError, RuntimeError) as e:
         raise BackendError(f"llm.adapter: could not load the adapter in {path}: {e}") from e
     tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None

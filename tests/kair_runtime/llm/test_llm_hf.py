@@ -233,6 +233,19 @@ def test_adapter_changes_the_model_only_when_lora_b_is_nonzero(tiny_model_dir, t
     assert [c.text for c in noop.generate(PROMPTS, s)] == [c.text for c in base_out]
 
 
+def test_a_bfloat16_model_keeps_its_adapter_in_bfloat16_and_reruns_identically(tiny_model_dir, tmp_path):
+    """bf16 on the CPU (AMX): the adapter in the base's dtype, so no LoRA layer casts its input to
+    float32 and back at every token; and greedy decoding of the same batches is the same on every
+    run. (Across batch sizes bf16 rows can differ: see docs/results.md, "bfloat16 on the CPU".)"""
+    adapter = _save_lora(tiny_model_dir, tmp_path / "live", random_b=True)
+    llm = build_llm(LLMConfig(backend="hf", model=str(tiny_model_dir), dtype="bfloat16", adapter=str(adapter)))
+    assert {p.dtype for p in llm.model.parameters()} == {torch.bfloat16}
+    s = SamplingParams(max_tokens=16)
+    first = [(c.text, c.completion_tokens) for c in llm.generate(PROMPTS, s)]
+    assert [(c.text, c.completion_tokens) for c in llm.generate(PROMPTS, s)] == first
+    assert len({text for text, _ in first}) > 1
+
+
 def test_adapter_dir_tokenizer_is_used(tiny_model_dir, tmp_path):
     adapter = _save_lora(tiny_model_dir, tmp_path / "ckpt", random_b=True, with_tokenizer=True)
     llm = build_llm(LLMConfig(backend="hf", model=str(tiny_model_dir), adapter=str(adapter)))

@@ -1,0 +1,63 @@
+"""python bench/answer_agreement.py RUN_A RUN_B [--run tuned-kair]
+
+How many questions two `kair demo` run folders answer alike, per dev set: the same normalised
+answer, the same whole trace (every step's raw output and the final output), and each run's
+F1 / EM over the same questions. Made to compare one recipe at two precisions (docs/results.md,
+"bfloat16 on the CPU"): F1 says whether quality moved, agreement says how much of it is the same
+answers. Reads RUN/traces/<dataset>/<run>.jsonl; a question missing from either side is counted
+and reported, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from eval.metrics import normalize_answer, score_trace
+from kair_runtime.jsonl import iter_json_records
+from kair_runtime.records import Trace
+
+
+def read(path: Path) -> dict[str, Trace]:
+    return {t.question.id: t for t in (Trace.from_dict(r) for _, r in iter_json_records(path))}
+
+
+def outputs(t: Trace) -> tuple:
+    return tuple(s.raw_output for s in t.steps) + (t.final_output,)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run_a")
+    ap.add_argument("run_b")
+    ap.add_argument("--run", default="tuned-kair", help="the eval run to compare (a traces file name)")
+    args = ap.parse_args()
+    a_root, b_root = Path(args.run_a) / "traces", Path(args.run_b) / "traces"
+    total = {"n": 0, "answer": 0, "trace": 0}
+    print(f"{'dataset':18s} {'n':>4s} {'same answer':>12s} {'same trace':>11s}   F1/EM A      F1/EM B   (missing)")
+    for a_file in sorted(a_root.glob(f"*/{args.run}.jsonl")):
+        b_file = b_root / a_file.parent.name / a_file.name
+        if not b_file.is_file():
+            print(f"{a_file.parent.name:18s} only in {args.run_a}")
+            continue
+        a, b = read(a_file), read(b_file)
+        common = [q for q in a if q in b]
+        missing = len(set(a) ^ set(b))
+        same_answer = sum(normalize_answer(a[q].answer) == normalize_answer(b[q].answer) for q in common)
+        same_trace = sum(outputs(a[q]) == outputs(b[q]) for q in common)
+        sa, sb = [score_trace(a[q]) for q in common], [score_trace(b[q]) for q in common]
+
+        def f1_em(scores) -> str:
+            n = max(len(scores), 1)
+            return f"{100 * sum(s.scores['f1'] for s in scores) / n:5.1f}/{100 * sum(s.scores['em'] for s in scores) / n:5.1f}"
+
+        print(f"{a_file.parent.name:18s} {len(common):4d} {same_answer:12d} {same_trace:11d}   {f1_em(sa)}  {f1_em(sb)}"
+              f"   ({missing})")
+        total["n"] += len(common)
+        total["answer"] += same_answer
+        total["trace"] += same_trace
+    print(f"{'all':18s} {total['n']:4d} {total['answer']:12d} {total['trace']:11d}")
+
+
+if __name__ == "__main__":
+    main()
