@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from loop_batching import outputs
+
 from eval.metrics import normalize_answer, score_trace
 from kair_runtime.jsonl import iter_json_records
 from kair_runtime.records import Trace
@@ -20,10 +22,6 @@ from kair_runtime.records import Trace
 
 def read(path: Path) -> dict[str, Trace]:
     return {t.question.id: t for t in (Trace.from_dict(r) for _, r in iter_json_records(path))}
-
-
-def outputs(t: Trace) -> tuple:
-    return tuple(s.raw_output for s in t.steps) + (t.final_output,)
 
 
 def main() -> None:

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import torch
+from loop_batching import outputs, questions
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_CONFIG = ROOT / "configs" / "train" / "smollm2-135m-benchmark-cpu.yaml"
@@ -82,8 +83,7 @@ class Shape:
 def training_flops(shape: Shape, batches: list[dict], full: bool = False) -> float:
     total = 0.0
     for b in batches:
-        mask = b["attention_mask"] if "attention_mask" in b else torch.ones_like(b["input_ids"])
-        lengths = mask.sum(dim=1).tolist()
+        lengths = b["attention_mask"].sum(dim=1).tolist()
         labelled = int((b["labels"][:, 1:] != -100).sum())
         for n in lengths:
             total += (6 if full else 4) * shape.body_params * n + 3 * shape.attention(n / 2) * n
@@ -161,8 +161,6 @@ def epoch_padding(sft_data: Path, sampling: str) -> float:
 # ---------------------------------------------------------------- generation
 
 def time_generation(dtype: str, batches: list[int], n_questions: int, profile: bool) -> dict:
-    from loop_batching import questions
-
     from kair_runtime.config import LLMConfig, LoopConfig, RetrieverConfig
     from kair_runtime.llm import build_llm
     from kair_runtime.loop import KairLoop
@@ -200,10 +198,6 @@ def time_generation(dtype: str, batches: list[int], n_questions: int, profile: b
         print(f"\n--- one generate() call, 8 prompts x 32 tokens, {dtype} ---")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     return out
-
-
-def outputs(trace) -> tuple:
-    return tuple(s.raw_output for s in trace.steps) + (trace.final_output,)
 
 
 # ---------------------------------------------------------------- report

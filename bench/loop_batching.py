@@ -77,18 +77,19 @@ def main() -> None:
         ref_time, ref = results[backend, batches[0]]
         for b in batches[1:]:
             elapsed, traces = results[backend, b]
-            same = sum(_outputs(a) == _outputs(t) for a, t in zip(ref, traces))
+            same = sum(outputs(a) == outputs(t) for a, t in zip(ref, traces))
             print(f"{backend:5s} batch {b:3d}: speedup x{ref_time / elapsed:.2f} vs batch {batches[0]}; "
                   f"traces identical to batch {batches[0]}: {same}/{len(traces)}")
     if {"hf", "vllm"} <= set(args.backends.split(",")):
         for b in batches:
             (hf_time, hf), (vllm_time, vl) = results["hf", b], results["vllm", b]
-            same = sum(_outputs(a) == _outputs(t) for a, t in zip(hf, vl))
+            same = sum(outputs(a) == outputs(t) for a, t in zip(hf, vl))
             print(f"batch {b:3d}: vllm/hf questions/s x{hf_time / vllm_time:.2f}; "
                   f"traces identical across backends: {same}/{len(hf)}")
 
 
-def _outputs(trace) -> tuple:
+def outputs(trace) -> tuple:
+    """Everything a greedy trace generated: two traces agree when these are equal."""
     return tuple(s.raw_output for s in trace.steps) + (trace.final_output,)
 
 
