@@ -18,6 +18,7 @@ evidence is not all retrieved within max_steps is kept and marked `extra.complet
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -26,7 +27,7 @@ from data_gen.chains import CHAINS, GoldDocs, Hop, clean_part, entity_of, fact_w
 from data_gen.store import DataSpec, load_questions, retriever_config_for, shard_path, without_context
 from kair_runtime.config import ConfigError, RuntimeConfig
 from kair_runtime.index import get_format, norm_key
-from kair_runtime.jsonl import JsonlWriter
+from kair_runtime.jsonl import JsonlWriter, atomic_write_text
 from kair_runtime.llm.base import Completion, SamplingParams
 from kair_runtime.loop import STEP, KairLoop, QuestionState
 from kair_runtime.output_format import render_step_output
@@ -41,7 +42,7 @@ SOURCE = "annotations"
 class SilverConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)  # retriever + loop (format, steps, top_k)
     datasets: list[DataSpec] = field(default_factory=lambda: [
-        DataSpec("hotpotqa"), DataSpec("musique"), DataSpec("2wikimultihopqa", split="dev")])
+        DataSpec("hotpotqa"), DataSpec("musique"), DataSpec("2wikimultihopqa")])
     corpus: str | None = None  # None: the datasets' own paragraphs, built into OUT/corpus.jsonl
     extra_corpus: list[str] = field(default_factory=list)
     out_dir: str = "runs/datagen/silver"
@@ -243,7 +244,8 @@ def no_chain_trace(c: ChainState, prompts: PromptSet, retriever: Retriever) -> T
 
 def silver(cfg: SilverConfig, retriever: Retriever | None = None) -> tuple[Path, list[Trace]]:
     """Build every dataset's silver trajectories into OUT/trajectories/shard-00000-of-00001.jsonl
-    (written whole, then renamed: a rerun rebuilds it)."""
+    (written whole, then renamed: a rerun rebuilds it), and their counts per dataset (complete
+    chains / questions) into OUT/stats.json."""
     from kair_runtime.runtime import build_retriever
 
     out = Path(cfg.out_dir)
@@ -257,6 +259,8 @@ def silver(cfg: SilverConfig, retriever: Retriever | None = None) -> tuple[Path,
     with JsonlWriter(tmp) as w:
         w.write(t.to_dict() for t in traces)
     tmp.replace(path)
+    atomic_write_text(out / "stats.json", json.dumps({"datasets": silver_counts(traces), "trajectories": len(traces)},
+                                                     indent=2) + "\n")
     return path, traces
 
 

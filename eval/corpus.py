@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from eval.datasets import (SPLIT_ALIASES, LoadResult, MalformedRecord, default_path, get_spec, iter_json_records,
+from eval.datasets import (SPLIT_ALIASES, LoadResult, MalformedRecord, get_spec, split_files, iter_json_records,
                            load_dataset)
 from eval.specs import DatasetSpec
 from kair_runtime.jsonl import atomic_write, atomic_write_text, read_text
@@ -57,21 +57,23 @@ def iter_paragraph_file(path: str | Path) -> Iterator[tuple[str, str]]:
         yield p.title, p.text
 
 
-def source_file(name: str, split_or_path: str) -> Path:
-    """The file behind a benchmark split we know (dev, train, ...) or a path given as is."""
+def source_files(name: str, split_or_path: str) -> list[Path]:
+    """The files behind a benchmark split we know (dev, train, ...) or a path given as is."""
     spec = get_spec(name)
     split = SPLIT_ALIASES.get(split_or_path, split_or_path)
     if split in spec.files:
-        return default_path(spec.name, split)
+        return split_files(spec.name, split)
     if Path(split_or_path).is_file():
-        return Path(split_or_path)
+        return [Path(split_or_path)]
     raise CorpusError(f"{split_or_path!r} is neither a {spec.name} split ({', '.join(sorted(spec.files)) or 'none'}) "
                       f"nor an existing file")
 
 
 def load_source(name: str, split_or_path: str) -> LoadResult:
-    """A benchmark split we know or a file in that benchmark's schema."""
-    return load_dataset(name, path=source_file(name, split_or_path))
+    """A benchmark split we know (all its files) or a file in that benchmark's schema."""
+    if SPLIT_ALIASES.get(split_or_path, split_or_path) in get_spec(name).files:
+        return load_dataset(name, split=split_or_path)
+    return load_dataset(name, path=source_files(name, split_or_path)[0])
 
 
 # ---------------------------------------------------------------- building
@@ -156,7 +158,7 @@ SOURCES_SUFFIX = ".sources.json"
 def sources_fingerprint(datasets: list[tuple[str, str]], extra_files: Iterable[str | Path] = ()) -> dict:
     """What a corpus is built from: the sources as named, and each file's path, size and content
     hash (a hash, not a time: a copied or touched file with the same bytes is the same source)."""
-    files = [source_file(name, where) for name, where in datasets] + [Path(p) for p in extra_files]
+    files = [f for name, where in datasets for f in source_files(name, where)] + [Path(p) for p in extra_files]
     return {"sources": [f"{get_spec(n).name}:{w}" for n, w in datasets] + [str(p) for p in extra_files],
             "files": [{"path": str(f.resolve()), "size": f.stat().st_size, "sha256": _sha256(f)} for f in files]}
 

@@ -66,7 +66,7 @@ class BenchmarkLoader:
 
     name: str
     parse: Parser
-    files: dict[str, str]  # split -> path under the shared data dir
+    files: dict[str, tuple[str, ...]]  # split -> its files under the shared data dir, read in order
     has_paragraphs: bool = True
     hub: HubRows | None = None
     hub_schema: str | None = None  # the loader that parses the hub rows; None: this one
@@ -77,7 +77,7 @@ ALIASES: dict[str, str] = {}
 SPLIT_ALIASES = {"validation": "dev", "val": "dev"}
 
 
-def register(name: str, files: dict[str, str], aliases: tuple[str, ...] = (), has_paragraphs: bool = True,
+def register(name: str, files: dict[str, tuple[str, ...]], aliases: tuple[str, ...] = (), has_paragraphs: bool = True,
              hub: HubRows | None = None, hub_schema: str | None = None) -> Callable[[Parser], Parser]:
     def add(parse: Parser) -> Parser:
         DATASETS[name] = BenchmarkLoader(name, parse, files, has_paragraphs, hub, hub_schema)
@@ -249,7 +249,8 @@ def _hub_flashrag(folder: str) -> HubRows:
 
 
 @register("hotpotqa", aliases=("hotpot",), hub=_hub_hotpotqa,
-          files={"dev": "hotpotqa/dev_distractor_500.jsonl", "train": "hotpotqa/train_100.json"})
+          files={"dev": ("hotpotqa/dev_distractor_500.jsonl",),
+                 "train": ("hotpotqa/train_100.json", "hotpotqa/train_499.jsonl")})
 def parse_hotpotqa(rec: dict[str, Any], pos: int) -> Question:
     _not_foreign(rec, "hotpotqa")
     context = _titled_sentences(_get(rec, "context", list))
@@ -260,7 +261,8 @@ def parse_hotpotqa(rec: dict[str, Any], pos: int) -> Question:
                     dataset="hotpotqa", metadata=meta)
 
 
-@register("2wikimultihopqa", aliases=("2wiki", "2wikimqa", "twowiki"), files={"dev": "2wikimultihopqa/dev_164.jsonl"},
+@register("2wikimultihopqa", aliases=("2wiki", "2wikimqa", "twowiki"),
+          files={"dev": ("2wikimultihopqa/dev_164.jsonl",), "train": ("2wikimultihopqa/train_1000.jsonl",)},
           hub=_hub_flashrag("2wikimultihopqa"), hub_schema="flashrag")
 def parse_2wiki(rec: dict[str, Any], pos: int) -> Question:
     _not_foreign(rec, "2wikimultihopqa", allowed=SIGNATURES["hotpotqa"])
@@ -277,7 +279,7 @@ def parse_2wiki(rec: dict[str, Any], pos: int) -> Question:
 
 
 @register("musique", hub=_hub_musique,
-          files={"dev": "musique/ans_dev_200.jsonl", "train": "musique/train_100.json"})
+          files={"dev": ("musique/ans_dev_200.jsonl",), "train": ("musique/train_100.json", "musique/train_300.jsonl")})
 def parse_musique(rec: dict[str, Any], pos: int) -> Question:
     _not_foreign(rec, "musique")
     qid = _text(rec, "id")
@@ -307,7 +309,7 @@ def parse_musique(rec: dict[str, Any], pos: int) -> Question:
                     answers=_unique([_text(rec, "answer"), *aliases]), dataset="musique", metadata=meta)
 
 
-@register("bamboogle", files={"test": "bamboogle/test_125.jsonl"}, has_paragraphs=False,
+@register("bamboogle", files={"test": ("bamboogle/test_125.jsonl",)}, has_paragraphs=False,
           hub=_hub_flashrag("bamboogle"), hub_schema="flashrag")
 def parse_bamboogle(rec: dict[str, Any], pos: int) -> Question:
     _not_foreign(rec, "bamboogle")
@@ -387,17 +389,21 @@ def read_questions(name: str, records: Iterator[tuple[str, Any]], skip_malformed
     return LoadResult(questions, skipped, source)
 
 
-def default_path(name: str, split: str) -> Path:
+def split_files(name: str, split: str, root: Path | None = None) -> list[Path]:
+    """The files of a local split, in order, under `root` (default: the shared data dir); every
+    one must exist (a split read in part would be a silently smaller dataset)."""
     spec = get_spec(name)
     split = SPLIT_ALIASES.get(split, split)
     if split not in spec.files:
         have = ", ".join(sorted(spec.files)) or "none: pass a path"
         raise DatasetError(f"no local {spec.name} split {split!r} (available: {have})")
-    path = shared_data_dir() / spec.files[split]
-    if not path.exists():
-        raise DatasetError(f"{path} not found: set KAIR_SHARED_DATA to the benchmark data folder, "
-                           f"pass a path, or use hub=True on a machine with internet")
-    return path
+    root = shared_data_dir() if root is None else Path(root)
+    paths = [root / f for f in spec.files[split]]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise DatasetError(f"{', '.join(missing)} not found (part of {spec.name}:{split}): set KAIR_SHARED_DATA to "
+                           f"the benchmark data folder, pass a path, or use hub=True on a machine with internet")
+    return paths
 
 
 def load_dataset(name: str, path: str | Path | None = None, split: str = "dev", limit: int | None = None,
@@ -405,8 +411,9 @@ def load_dataset(name: str, path: str | Path | None = None, split: str = "dev", 
                  hub: bool = False) -> LoadResult:
     """Load a benchmark as Questions.
 
-    path given: read that file with `name`'s schema. No path: the shared data dir's file for
-    `split`, or with hub=True the Hugging Face hub copy (needs internet).
+    path given: read that file with `name`'s schema. No path: the shared data dir's files for
+    `split`, one after the other (an id in two of them is an error, as in one file), or with
+    hub=True the Hugging Face hub copy (needs internet).
     limit: the first N. sample: N questions drawn with `seed`, kept in file order.
     """
     if limit is not None and sample is not None:
@@ -420,8 +427,9 @@ def load_dataset(name: str, path: str | Path | None = None, split: str = "dev", 
         records = ((f"{source}[record {i}]", r) for i, r in enumerate(spec.hub(split)))
         parse = get_spec(spec.hub_schema).parse if spec.hub_schema else spec.parse
     else:
-        file = Path(path) if path is not None else default_path(spec.name, split)
-        source, records, parse = str(file), iter_json_records(file), spec.parse
+        files = [Path(path)] if path is not None else split_files(spec.name, split)
+        source, parse = " + ".join(map(str, files)), spec.parse
+        records = (pair for f in files for pair in iter_json_records(f))
     result = read_questions(spec.name, records, skip_malformed, source, parse)
     try:
         result.questions = subset(result.questions, limit, sample, seed)

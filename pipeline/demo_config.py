@@ -72,7 +72,7 @@ class DemoConfig:
     # With a benchmark folder only: `name:split` strings or eval.specs mappings ({name, split, path, limit,
     # extra_corpus}); a split's file and relative extra_corpus paths are under data_dir. A string
     # naming the set of a mapping below takes its settings (2Wiki dev: its extra paragraphs).
-    train_sets: list[TrainSet | str] = field(default_factory=lambda: ["hotpotqa:train", "musique:train"])
+    train_sets: list[TrainSet | str] = field(default_factory=lambda: ["hotpotqa:train", "musique:train", "2wikimultihopqa:train"])
     dev_sets: list[DatasetSpec | str] = field(default_factory=_dev_sets)
     teacher: LLMConfig | None = None  # an LLM whose KAIR trajectories join the silver ones
     min_f1: float = 1.0  # answer F1 a trajectory needs to become training data

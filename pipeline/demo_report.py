@@ -77,6 +77,11 @@ def loss_line(log: list[dict[str, float]], key: str) -> str:
     return " -> ".join(f"{v:.3f} ({step})" for step, v in points)
 
 
+def per_dataset(counts: dict[str, dict[str, int]], key: str) -> str:
+    """`hotpotqa 587/599, musique 246/400`: counts[dataset][key] of counts[dataset]['total']."""
+    return ", ".join(f"{name} {c[key]}/{c['total']}" for name, c in counts.items()) or "none"
+
+
 def results_markdown(cfg: DemoConfig, rows: list[dict[str, Any]], info: dict[str, Any], note: str | None) -> str:
     from eval.report import results_table, stats_table, step_distribution_table
     from eval.table import Column, Table
@@ -102,6 +107,8 @@ def results_markdown(cfg: DemoConfig, rows: list[dict[str, Any]], info: dict[str
         "## Training data and run", "",
         f"- trajectories: {d['sources']}; kept (answer F1 >= {cfg.min_f1}): {d['kept']} "
         f"(rejections: {d['reasons'] or 'none'})",
+        f"- per dataset: silver chains complete {per_dataset(d['silver'], 'complete')}; "
+        f"trajectories kept {per_dataset(d['kept_by_dataset'], 'kept')}",
         f"- SFT examples: {d['examples']} (`sft/README.md`)",
         f"- {kind}: {t.steps} steps, batch {t.batch_size}, learning rate {t.learning_rate} ({t.lr_scheduler_type}), "
         f"{t.precision}",

@@ -51,13 +51,16 @@ def demo_sets(cfg: DemoConfig) -> tuple[QuestionSet, list[QuestionSet]]:
             [QuestionSet("demo-dev", dev, corpus, gold(dev))])
 
 
-def benchmark_specs(items: list[DatasetSpec | str], cls: type[DatasetSpec], root: Path) -> list[DatasetSpec]:
-    """train_sets or dev_sets as specs of the files they read: a `name:split` string (both parts
-    required; the default entry of that set, if DemoConfig has one, gives its other settings) or a
-    mapping; a split is read from root's copy of the shared data layout, and relative
-    extra_corpus paths are under root."""
+def benchmark_specs(items: list[DatasetSpec | str], cls: type[DatasetSpec], root: Path) -> list[list[DatasetSpec]]:
+    """train_sets or dev_sets as specs of the files they read, one list per item: a `name:split`
+    string (both parts required; the default entry of that set, if DemoConfig has one, gives its
+    other settings) or a mapping. A split is read from root's copy of the shared data layout, one
+    spec per file of the split (HotpotQA's train split is two files); the item's `limit` is left
+    to the caller, who applies it to the split as a whole. Relative extra_corpus paths are under root."""
+    from eval.datasets import DatasetError, split_files
+
     defaults = [d for f in ("train_sets", "dev_sets") for d in getattr(DemoConfig(), f) if isinstance(d, DatasetSpec)]
-    specs = []
+    groups = []
     for item in items:
         spec = item
         if isinstance(item, str):
@@ -66,23 +69,15 @@ def benchmark_specs(items: list[DatasetSpec | str], cls: type[DatasetSpec], root
         if spec.corpus or spec.corpus_from:
             raise ConfigError(f"{spec.name}: the demo builds each set's closed corpus from its own file; corpus "
                               "and corpus_from are `kair eval` settings (add paragraph files with extra_corpus)")
-        path = Path(spec.path) if spec.path else benchmark_file(root, spec.name, spec.split)
-        specs.append(dataclasses.replace(spec, path=str(path), extra_corpus=[str(root / e) for e in spec.extra_corpus]))
-    return specs
-
-
-def benchmark_file(root: Path, name: str, split: str) -> Path:
-    """root's copy of a split (eval.datasets.default_path, under root instead of the shared data dir)."""
-    from eval.datasets import SPLIT_ALIASES, get_spec
-
-    spec = get_spec(name)
-    split = SPLIT_ALIASES.get(split, split)
-    if split not in spec.files:
-        raise ConfigError(f"{name} has no local {split!r} split (has: {sorted(spec.files)})")
-    path = root / spec.files[split]
-    if not path.is_file():
-        raise ConfigError(f"--data {root}: {spec.files[split]} not found")
-    return path
+        try:
+            paths = [Path(spec.path)] if spec.path else split_files(spec.name, spec.split, root)
+        except DatasetError as e:
+            raise ConfigError(f"--data {root}: {e}") from None
+        extra = [str(root / e) for e in spec.extra_corpus]
+        # The extra corpus rides on the first file's spec only: the set's corpus is the union anyway.
+        groups.append([dataclasses.replace(spec, path=str(p), extra_corpus=extra if i == 0 else [])
+                       for i, p in enumerate(paths)])
+    return groups
 
 
 def benchmark_sets(cfg: DemoConfig, out: Path) -> tuple[QuestionSet, list[QuestionSet]]:
@@ -92,7 +87,6 @@ def benchmark_sets(cfg: DemoConfig, out: Path) -> tuple[QuestionSet, list[Questi
     its passages are the corpus gold ids map into."""
     from data_gen.store import load_questions
     from eval.corpus import corpus_for
-    from eval.datasets import load_dataset
     from eval.run import gold_ids_for
     from kair_runtime.retrieval.store import PASSAGES
 
@@ -110,15 +104,30 @@ def benchmark_sets(cfg: DemoConfig, out: Path) -> tuple[QuestionSet, list[Questi
                               "give that set as a mapping without it to leave it out)")
         return corpus_for(specs, out / "corpora" / f"{label}.jsonl")
 
-    train_specs = benchmark_specs(cfg.train_sets, TrainSet, root)
-    train_qs = load_questions([dataclasses.replace(s, extra_corpus=[]) for s in train_specs])
-    train_corpus = corpus_of("train", train_specs)
+    def questions(group: list[DatasetSpec], limit: int | None) -> list[Question]:
+        qs = load_questions([dataclasses.replace(s, extra_corpus=[], limit=None) for s in group])
+        return qs[:limit] if limit is not None else qs
+
+    train_groups = benchmark_specs(cfg.train_sets, TrainSet, root)
+    train_qs = [q for group in train_groups for q in questions(group, group[0].limit)]
+    _check_unique_ids(train_qs, cfg.train_sets)
+    train_corpus = corpus_of("train", [s for group in train_groups for s in group])
     train = QuestionSet("train", train_qs, train_corpus, {})
     dev = []
-    for spec in benchmark_specs(cfg.dev_sets, DatasetSpec, root):
-        corpus = corpus_of(f"{spec.name}-{spec.split}", [spec])
-        qs = list(load_dataset(spec.name, path=spec.path, limit=spec.capped(cfg.dev_limit)))
+    for group in benchmark_specs(cfg.dev_sets, DatasetSpec, root):
+        spec = group[0]
+        corpus = corpus_of(f"{spec.name}-{spec.split}", group)
+        qs = questions(group, spec.capped(cfg.dev_limit))
         dev.append(QuestionSet(spec.name, qs, corpus, gold_ids_for(qs, corpus)))
     if not train_qs or not any(d.questions for d in dev):
         raise ConfigError(f"--data {root}: no train or no dev questions")
     return train, dev
+
+
+def _check_unique_ids(questions: list[Question], items: list) -> None:
+    """One id in two train sets would give two trajectories one key."""
+    seen: set[str] = set()
+    for q in questions:
+        if q.id in seen:
+            raise ConfigError(f"question id {q.id!r} is in two of train_sets {items}")
+        seen.add(q.id)

@@ -40,7 +40,7 @@ def make_sft_data(cfg: DemoConfig, train: QuestionSet, retriever, out: Path) -> 
     """Silver (+ teacher) trajectories -> filter by answer F1 -> SFT chats, each in its own folder."""
     from data_gen.filter import FilterConfig, run_filter
     from data_gen.sft import SFTDataConfig, build_sft
-    from data_gen.silver import run_silver
+    from data_gen.silver import run_silver, silver_counts
     from kair_runtime.jsonl import JsonlWriter
 
     traces = run_silver(train.questions, retriever, cfg.runtime, train.corpus)
@@ -58,7 +58,8 @@ def make_sft_data(cfg: DemoConfig, train: QuestionSet, retriever, out: Path) -> 
                           "raise max_steps or top_k, or lower min_f1")
     stats = build_sft(SFTDataConfig(runtime=cfg.runtime, trajectories=str(out / "filtered"), out_dir=str(out / "sft"),
                                     validation_fraction=cfg.validation_fraction, seed=cfg.train.seed))
-    return {"sources": sources, "kept": report["kept"], "reasons": report["reasons"],
+    return {"sources": sources, "silver": silver_counts(traces[:sources["silver"]]), "kept": report["kept"],
+            "kept_by_dataset": report["by_dataset"], "reasons": report["reasons"],
             "examples": {k: v["examples"] for k, v in stats["splits"].items()}}
 
 

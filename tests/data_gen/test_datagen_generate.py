@@ -116,7 +116,8 @@ def test_sigkill_then_rerun_loses_and_duplicates_nothing(tmp_path, shared_data):
     config.write_text(yaml.safe_dump({
         "runtime": {"llm": {"backend": "scripted", "model": "echo"}, "retriever": {"kind": "bm25"},
                     "loop": {"max_steps": 3, "top_k": 3, "round_size": 2}},
-        "datasets": [{"name": "hotpotqa", "split": "train"}, {"name": "musique", "split": "train"}],
+        "datasets": [{"name": "hotpotqa", "split": "train", "limit": 100},
+                     {"name": "musique", "split": "train", "limit": 100}],
         "sampling": {"temperatures": [0.0, 0.7], "samples_per_temperature": 2},
         "out_dir": str(out)}))
     cmd = [sys.executable, "-m", "data_gen.cli", "generate", "--config", str(config), "--no-progress"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -55,6 +57,8 @@ def test_silver_trajectories_per_benchmark(kr):
     assert set(counts) == {"hotpotqa", "musique", "2wikimultihopqa"}
     assert all(c["total"] == N and c["complete"] >= N // 2 for c in counts.values()), counts
     assert len(read_trajectories(cfg.out_dir)) == 3 * N
+    stats = json.loads((Path(cfg.out_dir) / "stats.json").read_text())  # the printed counts, recorded
+    assert stats == {"datasets": counts, "trajectories": 3 * N}
     for t in traces:
         assert t.extra["teacher"] == "annotations" and t.error is None
         # The gold answer, read back as the loop reads an answer ("U.S." -> "U.S").

@@ -30,8 +30,9 @@ def raw_records(rel: str) -> list[dict]:
 
 @needs_data
 @pytest.mark.parametrize("name, split, count", [
-    ("hotpotqa", "dev", 500), ("hotpotqa", "train", 100), ("musique", "dev", 200), ("musique", "train", 100),
-    ("2wikimultihopqa", "dev", 164), ("2wiki", "validation", 164), ("bamboogle", "test", 125),
+    ("hotpotqa", "dev", 500), ("hotpotqa", "train", 599), ("musique", "dev", 200), ("musique", "train", 400),
+    ("2wikimultihopqa", "dev", 164), ("2wiki", "validation", 164), ("2wikimultihopqa", "train", 1000),
+    ("bamboogle", "test", 125),
 ])
 def test_default_files_load_with_the_right_counts(name, split, count):
     result = load_dataset(name, split=split)
@@ -143,11 +144,32 @@ def test_flashrag_records(tmp_path):
     assert (q.id, q.answers, q.dataset, q.metadata) == ("test_0", ["A", "B"], "flashrag", {"type": "bridge"})
 
 
+@needs_data
+def test_a_split_of_several_files_reads_them_all_in_order(tmp_path, monkeypatch):
+    """HotpotQA's train split is train_100.json then train_499.jsonl: both read, one id in both is
+    an error naming where it was first seen, and a missing file is named (not a smaller split)."""
+    qs = load_dataset("hotpotqa", split="train").questions
+    first = [r["_id"] for r in raw_records("hotpotqa/train_100.json")]
+    second = [r["_id"] for r in raw_records("hotpotqa/train_499.jsonl")]
+    assert [q.id for q in qs] == first + second
+    root = tmp_path / "data" / "hotpotqa"
+    root.mkdir(parents=True)
+    (root / "train_100.json").symlink_to(SHARED / "hotpotqa" / "train_100.json")
+    monkeypatch.setenv("KAIR_SHARED_DATA", str(tmp_path / "data"))
+    with pytest.raises(DatasetError, match="train_499.jsonl not found \\(part of hotpotqa:train\\)"):
+        load_dataset("hotpotqa", split="train")
+    again = raw_records("hotpotqa/train_100.json")[-1]
+    (root / "train_499.jsonl").write_text(json.dumps(again) + "\n", encoding="utf-8")
+    with pytest.raises(DatasetError, match=f"train_499.jsonl:1: duplicate hotpotqa id '{again['_id']}' "
+                                           f"\\(first at .*train_100.json\\[record 99\\]\\)"):
+        load_dataset("hotpotqa", split="train")
+
+
 def test_unknown_names_and_splits(tmp_path, monkeypatch):
     with pytest.raises(KeyError, match="unknown dataset 'nq'"):
         load_dataset("nq")
-    with pytest.raises(DatasetError, match="available: dev"):
-        load_dataset("2wiki", split="train")
+    with pytest.raises(DatasetError, match="available: dev, train"):
+        load_dataset("2wiki", split="test")
     monkeypatch.setenv("KAIR_SHARED_DATA", str(tmp_path))
     with pytest.raises(DatasetError, match="KAIR_SHARED_DATA"):
         load_dataset("musique")

@@ -115,7 +115,7 @@ def test_bamboogle_has_no_paragraphs(tmp_path):
     with pytest.raises(CorpusError, match="HotpotQA corpus"):
         build_corpus([("bamboogle", "test")], out=tmp_path / "b.jsonl")
     stats = build_corpus([("bamboogle", "test"), ("hotpotqa", "train")], out=tmp_path / "bh.jsonl")
-    assert stats.sources["bamboogle:test"] == 0 and stats.unique == 994
+    assert stats.sources["bamboogle:test"] == 0 and stats.unique == 5896
     assert any("no paragraphs" in n for n in stats.notes)
 
 
@@ -129,7 +129,7 @@ def test_cli_build(tmp_path):
     res = runner.invoke(corpus_app, ["build", "--dataset", "2wiki:dev", "--extra", str(CORPUS_6119),
                                      "--dataset", "musique:train", "--out", str(tmp_path / "w.jsonl")])
     assert res.exit_code == 0, res.output
-    assert "2wikimultihopqa:dev: 1640 paragraphs" in res.output and "musique:train: 2000 paragraphs" in res.output
+    assert "2wikimultihopqa:dev: 1640 paragraphs" in res.output and "musique:train: 8000 paragraphs" in res.output
 
     res = runner.invoke(corpus_app, ["build", "--dataset", "bamboogle", "--split", "test", "--out", str(out)])
     assert res.exit_code == 2 and "no paragraphs" in res.output

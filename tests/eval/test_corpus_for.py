@@ -36,7 +36,7 @@ def test_each_caller_keeps_its_file_name_and_source_strings(tmp_path):
     cfg = DemoConfig(data_dir=str(DATA), train_sets=["musique:train"], dev_sets=["2wikimultihopqa:dev"], dev_limit=2)
     train_set, (dev,) = benchmark_sets(cfg, tmp_path / "demo")
     assert train_set.corpus == tmp_path / "demo" / "corpora" / "train.jsonl"
-    assert sources(train_set.corpus) == [f"musique:{DATA / 'musique' / 'train_100.json'}"]
+    assert sources(train_set.corpus) == [f"musique:{DATA / 'musique' / f}" for f in ("train_100.json", "train_300.jsonl")]
     assert dev.corpus == tmp_path / "demo" / "corpora" / "2wikimultihopqa-dev.jsonl"
     assert sources(dev.corpus) == [f"2wikimultihopqa:{DATA / '2wikimultihopqa' / 'dev_164.jsonl'}",
                                    str(DATA / "2wikimultihopqa" / "corpus_6119.json")]
@@ -49,7 +49,8 @@ def test_a_corpus_cached_before_is_reused(tmp_path):
     dev_file, extra = DATA / "2wikimultihopqa" / "dev_164.jsonl", DATA / "2wikimultihopqa" / "corpus_6119.json"
     out = tmp_path / "demo" / "corpora"
     old = cached_corpus([("2wikimultihopqa", str(dev_file))], [extra], out / "2wikimultihopqa-dev.jsonl")
-    cached_corpus([("musique", str(DATA / "musique" / "train_100.json"))], [], out / "train.jsonl")
+    cached_corpus([("musique", str(DATA / "musique" / f)) for f in ("train_100.json", "train_300.jsonl")], [],
+                  out / "train.jsonl")
     before = old.stat().st_mtime_ns
     cfg = DemoConfig(data_dir=str(DATA), train_sets=["musique:train"], dev_sets=["2wikimultihopqa:dev"], dev_limit=1)
     _, (dev,) = benchmark_sets(cfg, tmp_path / "demo")
@@ -64,7 +65,7 @@ def test_a_given_corpus_is_one_datasets_and_a_missing_extra_file_is_named(tmp_pa
     # A benchmark folder without 2Wiki's extra paragraphs: the default 2Wiki dev set says so; a
     # mapping without extra_corpus leaves them out.
     root = tmp_path / "data"
-    for rel in ("musique/train_100.json", "2wikimultihopqa/dev_164.jsonl"):
+    for rel in ("musique/train_100.json", "musique/train_300.jsonl", "2wikimultihopqa/dev_164.jsonl"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).symlink_to(DATA / rel)
     cfg = DemoConfig(data_dir=str(root), train_sets=["musique:train"], dev_sets=["2wikimultihopqa:dev"], dev_limit=1)

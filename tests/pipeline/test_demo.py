@@ -13,6 +13,7 @@ import yaml
 from rich.console import Console
 
 from eval.run import evaluate_one
+from eval.specs import TrainSet
 from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig
 from pipeline.demo import run_demo
 from pipeline.demo_config import DemoConfig, TrainSettings, load_demo_config
@@ -126,12 +127,18 @@ BENCH_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 @pytest.mark.skipif(not (BENCH_DATA / "musique").is_dir(), reason="needs the benchmark samples in ../shared/data")
 def test_demo_on_benchmark_files_trains_and_evaluates_each_dev_set(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    cfg = tiny_cfg(tmp_path, tiny_model_dir, data_dir=str(BENCH_DATA), train_sets=["musique:train"],
+    # Part of two train splits: MuSiQue's is two files (the limit takes from the first), 2Wiki's one.
+    cfg = tiny_cfg(tmp_path, tiny_model_dir, data_dir=str(BENCH_DATA),
+                   train_sets=[TrainSet("musique", limit=60), TrainSet("2wikimultihopqa", limit=40)],
                    dev_sets=["musique:dev", "2wikimultihopqa:dev"])
     cfg.train = TrainSettings(steps=1, learning_rate=5e-3, use_peft=False)  # full fine-tuning this time
     info = run_demo(cfg, Console(record=True, width=160))
     out = tmp_path / "demo"
     assert info["data"]["sources"] == {"silver": 100} and info["data"]["kept"] > 30
+    silver, kept = info["data"]["silver"], info["data"]["kept_by_dataset"]
+    assert {k: c["total"] for k, c in silver.items()} == {"musique": 60, "2wikimultihopqa": 40}
+    assert sum(c["kept"] for c in kept.values()) == info["data"]["kept"] and kept["2wikimultihopqa"]["kept"] > 0
+    assert f"silver chains complete musique {silver['musique']['complete']}/60" in (out / "results.md").read_text()
     # Full fine-tuning saves a whole model, which the tuned runs load as their model.
     assert info["student"] == str(out / "student") and (out / "student" / "model.safetensors").is_file()
     tuned = json.loads((out / "traces" / "musique" / "tuned-kair.jsonl").read_text().splitlines()[0])
