@@ -5,8 +5,11 @@ max taken; EM reported alongside) and its format is valid: it has steps, no erro
 parsed without a format repair (Step.parsed_ok: index, judgment, and a query when insufficient
 all came from the model), and no step used up its completion budget (completion_tokens >=
 budget means generation was cut off). Silver trajectories whose evidence was never retrieved
-(extra.complete = false) are dropped too. `best_k` then keeps at most k per question: highest
-F1 first, then fewer steps, then the lower sample id.
+(extra.complete = false) are dropped too. `dedupe_paths` keeps one trajectory per question and
+retrieval path (the passage ids each step retrieved): two that read the same passages teach the
+same search, so the first one given is kept (silver before teacher, in the order they come).
+`best_k` then keeps at most k per question: highest F1 first, then fewer steps, then the lower
+sample id.
 
 Writes OUT/kept.jsonl (the kept Trace records) and OUT/report.json + OUT/report.md: kept/total,
 rejection reasons with counts (a trajectory counts under every reason it has), the F1
@@ -39,6 +42,7 @@ class FilterConfig:
     out_dir: str = "runs/datagen/filtered"
     min_f1: float = 1.0
     best_k: int | None = None  # at most k trajectories per question
+    dedupe_paths: bool = False  # one trajectory per question and retrieval path (see the docstring)
     # A step whose completion_tokens reach this was cut off. None: each trajectory's own
     # recorded budget (extra.sampling.step_max_tokens); a trajectory without one is not checked.
     max_step_tokens: int | None = None
@@ -92,6 +96,22 @@ def judge(trace: Trace, cfg: FilterConfig) -> Verdict:
     return v
 
 
+def retrieval_path(trace: Trace) -> tuple:
+    """The passages each step retrieved, in order: what a trajectory searched and read."""
+    return tuple(tuple(p.id for p in st.retrieved) for st in trace.steps)
+
+
+def dedupe_paths(verdicts: list[Verdict]) -> tuple[list[Verdict], list[Verdict]]:
+    """(kept, repeats): the first trajectory of each (question, retrieval path), in the given order."""
+    seen: set[tuple] = set()
+    kept, repeats = [], []
+    for v in verdicts:
+        key = (v.trace.question.id, retrieval_path(v.trace))
+        (repeats if key in seen else kept).append(v)
+        seen.add(key)
+    return kept, repeats
+
+
 def best_k(verdicts: list[Verdict], k: int) -> tuple[list[Verdict], list[Verdict]]:
     """(kept, dropped) among the valid ones: at most k per question, best first."""
     by_q: dict[str, list[Verdict]] = defaultdict(list)
@@ -114,6 +134,10 @@ def run_filter(cfg: FilterConfig, traces: list[Trace] | None = None) -> dict[str
         raise ConfigError(f"best_k must be >= 1, got {cfg.best_k}")
     verdicts = [judge(t, cfg) for t in traces]
     kept = [v for v in verdicts if v.ok]
+    if cfg.dedupe_paths:
+        kept, repeats = dedupe_paths(kept)
+        for v in repeats:
+            v.reasons.append("same_path")
     if cfg.best_k is not None:
         kept, surplus = best_k(kept, cfg.best_k)
         for v in surplus:

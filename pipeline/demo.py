@@ -10,7 +10,7 @@ Data, by `data_dir` (pipeline/demo_sets.py):
   - none (default): the embedded demo world (kair_runtime.demo_data: 16 train + 8 dev invented
     two/three-hop questions over a 72-passage corpus), or a folder holding files in its layout
     (demo_questions.jsonl + demo_corpus.jsonl);
-  - a benchmark folder such as ../shared/data: train on `train_sets` (HotpotQA + MuSiQue train),
+  - a benchmark folder such as ../shared/data: train on `train_sets` (HotpotQA, MuSiQue, 2Wiki train),
     evaluate on `dev_sets` (HotpotQA, MuSiQue, 2Wiki dev), each split over its own closed corpus.
 
 Stages:
@@ -24,7 +24,9 @@ Stages:
     4. eval      on the dev questions: the prompted student in the KAIR loop, the tuned one (same
                  loop and settings) and vanilla RAG with the prompted student, same retriever
                  (pipeline/demo_eval.py: eval.run.evaluate_one per run and dev set)
-    5. serve     how to serve the tuned student (OUT/serve.yaml, for `kair serve`)
+    -  rounds    with `rounds.count` > 0 only: rounds of expert iteration, each student teaching the
+                 next from its own filtered trajectories (pipeline/demo_rounds.py, OUT/round-r/)
+    5. serve     how to serve the tuned student, the last round's if any (OUT/serve.yaml, for `kair serve`)
 
 Everything lands in one run folder:
 
@@ -52,12 +54,14 @@ from kair_runtime.jsonl import atomic_write_text
 from pipeline.demo_config import CORPUS_FILE, QUESTIONS_FILE, DemoConfig, check_config, claim_traces, load_demo_config
 from pipeline.demo_eval import evaluate
 from pipeline.demo_report import ALL, results_markdown, rich_table, scale_note
+from pipeline.demo_rounds import run_rounds
 from pipeline.demo_sets import QuestionSet, benchmark_sets, demo_sets, is_benchmark_dir
 from pipeline.demo_train import make_sft_data, train_student, training_seconds, tuned_llm
 
-STAGES = ("index", "data", "train", "eval", "serve")
+STAGES = ("index", "data", "train", "eval", "rounds", "serve")
 TITLES = {"index": "retrievers over the corpora", "data": "trajectories -> filter -> SFT examples",
-          "train": "SFT of the student", "eval": "evaluation on the dev questions", "serve": "serving"}
+          "train": "SFT of the student", "eval": "evaluation on the dev questions",
+          "rounds": "rounds of expert iteration", "serve": "serving"}
 
 
 def write_serve_config(cfg: DemoConfig, student: Path, corpus: Path, out: Path) -> Path:
@@ -75,7 +79,7 @@ def write_serve_config(cfg: DemoConfig, student: Path, corpus: Path, out: Path) 
 
 
 def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
-    """Run the five stages into cfg.out_dir; returns {"rows", "student", "data", "train_log", "wall_s", ...}."""
+    """Run the stages into cfg.out_dir; returns {"rows", "student", "data", "train_log", "wall_s", ...}."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
@@ -91,15 +95,16 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
     atomic_write_text(out / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     wall: dict[str, float] = {}
     started = last = time.perf_counter()
+    stages = [s for s in STAGES if s != "rounds" or cfg.rounds.count]
 
     def stage(key: str) -> None:
         nonlocal last
         now = time.perf_counter()
-        i = STAGES.index(key)
+        i = stages.index(key)
         if i:
-            wall[STAGES[i - 1]] = round(now - last, 1)
+            wall[stages[i - 1]] = round(now - last, 1)
         last = now
-        console.rule(f"[bold][{i + 1}/{len(STAGES)}] {TITLES[key]}")
+        console.rule(f"[bold][{i + 1}/{len(stages)}] {TITLES[key]}")
 
     stage("index")
     benchmark = is_benchmark_dir(cfg.data_dir)
@@ -128,16 +133,24 @@ def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
                TimeRemainingColumn())
     with Progress(*columns, console=console) as progress:
         rows = evaluate(cfg, dev, by_set, student, out, progress)
+    rounds, served = [], student
+    if cfg.rounds.count:
+        stage("rounds")
+        with Progress(*columns, console=console) as progress:
+            served, round_rows, rounds = run_rounds(cfg, train, dev, by_set, student, out, console, progress)
+        rows += round_rows
     plots = write_plots([r for r in rows if r["dataset"] != ALL], [d.label for d in dev], out / "plots")
 
     stage("serve")
-    serve_config = write_serve_config(cfg, student, dev[0].corpus, out)
+    serve_config = write_serve_config(cfg, served, dev[0].corpus, out)
     wall["serve"] = round(time.perf_counter() - last, 1)
     wall["total"] = round(time.perf_counter() - started, 1)
     note = scale_note(cfg, sum(len(d.questions) for d in dev))
     info = {"rows": rows, "student": str(student), "trained_this_run": trained, "data": data, "data_source": source,
             "train_log": log, "training_s": training_seconds(student), "wall_s": wall, "out_dir": str(out),
             "serve_config": str(serve_config), "plots": [str(p) for p in plots]}
+    if rounds:
+        info.update(rounds=rounds, served_student=str(served))
     atomic_write_text(out / "summary.json", json.dumps(info, indent=2, default=str))
     atomic_write_text(out / "results.md", results_markdown(cfg, rows, info, note))
     console.print(rich_table(rows, cfg.runtime.llm.model))

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.specs import DatasetSpec, TrainSet
-from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig, load_config, \
-    to_dict
+from kair_runtime.config import AT_LEAST_1, NON_NEGATIVE, ConfigError, LLMConfig, LoopConfig, Range, \
+    RetrieverConfig, RuntimeConfig, check_ranges, load_config, to_dict
 from kair_runtime.rundir import claim
 
 QUESTIONS_FILE = "demo_questions.jsonl"
@@ -51,6 +51,28 @@ class TrainSettings:
 
 TRAIN_PRECISIONS = ("float32", "bfloat16")
 
+
+@dataclass
+class RoundSettings:
+    """Rounds of expert iteration after the silver student (STaR, ReST-EM): round r's teacher is
+    round r-1's student (round 0: the silver one) in the same loop; its greedy and sampled
+    trajectories over the train questions pass the same answer-F1 filter, join the silver ones
+    (one trajectory per question and retrieval path), and a new student is trained from the base
+    on them, then evaluated like the first (pipeline/demo_rounds.py)."""
+
+    count: int = 0  # rounds after the silver student; 0: silver only
+    questions: int | None = None  # train questions a round's teacher runs on (seed train.seed + r); None: all
+    samples: int = 2  # sampled trajectories per question, besides the greedy one
+    temperature: float = 0.7
+    backend: str | None = None  # the teacher's backend; None: runtime.llm's (vllm: the student merged first)
+
+    def validate(self, where: str = "rounds") -> None:
+        check_ranges(self, {"count": NON_NEGATIVE, "questions": AT_LEAST_1, "samples": NON_NEGATIVE,
+                            "temperature": Range(low=0, low_open=True)}, where)
+        if self.backend not in (None, "hf", "vllm"):
+            raise ConfigError(f"{where}.backend={self.backend!r}: the student teaches on hf or vllm (or null: "
+                              "runtime.llm.backend)")
+
 # The runs stage 4 can compare, by name: (row label, method, tuned student?)
 EVAL_RUNS: dict[str, tuple[str, str, bool]] = {"prompted-kair": ("prompted", "kair", False),
                                                "prompted-vanilla": ("prompted", "vanilla", False),
@@ -72,11 +94,13 @@ class DemoConfig:
     # With a benchmark folder only: `name:split` strings or eval.specs mappings ({name, split, path, limit,
     # extra_corpus}); a split's file and relative extra_corpus paths are under data_dir. A string
     # naming the set of a mapping below takes its settings (2Wiki dev: its extra paragraphs).
-    train_sets: list[TrainSet | str] = field(default_factory=lambda: ["hotpotqa:train", "musique:train", "2wikimultihopqa:train"])
+    train_sets: list[TrainSet | str] = field(
+        default_factory=lambda: ["hotpotqa:train", "musique:train", "2wikimultihopqa:train"])
     dev_sets: list[DatasetSpec | str] = field(default_factory=_dev_sets)
     teacher: LLMConfig | None = None  # an LLM whose KAIR trajectories join the silver ones
     min_f1: float = 1.0  # answer F1 a trajectory needs to become training data
     train: TrainSettings = field(default_factory=TrainSettings)
+    rounds: RoundSettings = field(default_factory=RoundSettings)
     validation_fraction: float = 0.1  # of the train questions, held out for the SFT validation split
     dev_limit: int | None = None  # the first N questions of each dev set (None: all)
     # Which EVAL_RUNS stage 4 runs; e.g. [tuned-kair] to measure the student alone (after a change to
@@ -106,7 +130,7 @@ def check_config(cfg: DemoConfig) -> None:
 
 
 # Settings that may change between runs into one out_dir without invalidating its traces.
-TRACE_NEUTRAL = ("out_dir", "dev_limit", "dev_sets", "eval_runs")
+TRACE_NEUTRAL = ("out_dir", "dev_limit", "dev_sets", "eval_runs", "rounds")  # rounds: each claims its own folder
 # How prompts are grouped into generate() calls. Neutral in float32, where greedy batched decoding
 # equals one at a time (tests/kair_runtime/llm); not in bfloat16, where a row's rounding depends on
 # the shape of the batch it is computed in, so another grouping can flip a near-tie token

@@ -15,9 +15,10 @@ MIN_CHUNK = 16  # questions appended to a traces file at a time (resume granular
 
 
 def evaluate(cfg: DemoConfig, dev: list[QuestionSet], retrievers: dict[str, Any], student: Path, out: Path,
-             progress) -> list[dict[str, Any]]:
+             progress, tuned_label: str | None = None) -> list[dict[str, Any]]:
     """Every cfg.eval_runs entry on every dev set (traces in OUT/traces/<set>/), one summary row per
-    (run, set), then, with several sets, one per run over all their questions pooled."""
+    (run, set), then, with several sets, one per run over all their questions pooled. tuned_label
+    names the tuned student's rows (default EVAL_RUNS' "tuned"; a round's student: "round 2")."""
     from eval.methods import MethodSettings, build_method
     from eval.report import summarize
     from eval.run import evaluate_one
@@ -37,7 +38,9 @@ def evaluate(cfg: DemoConfig, dev: list[QuestionSet], retrievers: dict[str, Any]
     with models:
         for label, method, tuned in (EVAL_RUNS[name] for name in EVAL_RUNS if name in cfg.eval_runs):
             name = f"{label}-{method}"
-            task = progress.add_task(f"eval {name}", total=sum(len(d.questions) for d in dev))
+            label = tuned_label if tuned and tuned_label else label
+            task = progress.add_task(f"eval {name}" + (f" ({label})" if tuned and tuned_label else ""),
+                                     total=sum(len(d.questions) for d in dev))
             all_traces, all_gold = [], {}
             for qs in dev:
                 traces, summary = evaluate_one(

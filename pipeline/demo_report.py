@@ -82,6 +82,23 @@ def per_dataset(counts: dict[str, dict[str, int]], key: str) -> str:
     return ", ".join(f"{name} {c[key]}/{c['total']}" for name, c in counts.items()) or "none"
 
 
+def rounds_section(cfg: DemoConfig, rounds: list[dict[str, Any]]) -> list[str]:
+    """One line per round of expert iteration: its teacher, what it generated and kept, the training."""
+    rc = cfg.rounds
+    lines = ["## Rounds of expert iteration", "",
+             f"Each round's teacher is the previous round's student (round 1's: the silver student), "
+             f"1 greedy + {rc.samples} sampled (temperature {rc.temperature}) trajectories per question, the same "
+             f"answer-F1 filter, one trajectory per question and retrieval path with silver; each student "
+             f"trained from the base for {cfg.train.steps} steps. Its dev rows are `(round r)` above.", ""]
+    for r in rounds:
+        d = r["data"]
+        lines.append(f"- round {r['round']} ({r['backend']}, {r['questions']} questions): teacher trajectories kept "
+                     f"{per_dataset(d['teacher_kept'], 'kept')}; rejections {d['reasons'] or 'none'}; "
+                     f"SFT examples {d['examples']}; training loss {loss_line(r['train_log'], 'loss')}; "
+                     f"validation loss {loss_line(r['train_log'], 'eval_loss')}")
+    return lines + [""]
+
+
 def results_markdown(cfg: DemoConfig, rows: list[dict[str, Any]], info: dict[str, Any], note: str | None) -> str:
     from eval.report import results_table, stats_table, step_distribution_table
     from eval.table import Column, Table
@@ -114,6 +131,7 @@ def results_markdown(cfg: DemoConfig, rows: list[dict[str, Any]], info: dict[str
         f"{t.precision}",
         f"- training loss by step: {loss_line(info['train_log'], 'loss')}",
         f"- validation loss by step: {loss_line(info['train_log'], 'eval_loss')}", "",
+        *(rounds_section(cfg, info["rounds"]) if info.get("rounds") else []),
         "## Run statistics", "", stats_table(per_set), "",
         "s/q is each question's latency inside its batch, not throughput.", "",
         "## Reached step", "", step_distribution_table(per_set), "",

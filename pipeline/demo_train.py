@@ -13,53 +13,69 @@ from typing import Any
 import yaml
 
 from kair_runtime.config import ConfigError, LLMConfig
-from kair_runtime.jsonl import atomic_write_text
-from kair_runtime.records import Trace
+from kair_runtime.jsonl import atomic_write, atomic_write_text
+from kair_runtime.records import Question, Trace
 from pipeline.demo_config import DemoConfig
 from pipeline.demo_sets import QuestionSet
 
 # ---------------------------------------------------------------- stage 2: trajectories -> SFT data
 
 
-def teacher_trajectories(cfg: DemoConfig, train: QuestionSet, retriever, out: Path) -> list[Trace]:
-    """The configured teacher's greedy KAIR trajectories over the train questions, same loop and
-    retriever as the student gets (resumable: OUT/teacher keeps what finished)."""
+def teacher_trajectories(cfg: DemoConfig, llm: LLMConfig, questions: list[Question], corpus: Path, retriever,
+                         out_dir: Path, sampling=None, name: str | None = None) -> list[Trace]:
+    """A teacher's KAIR trajectories over train questions, same loop and retriever as the student
+    gets (greedy unless `sampling` says otherwise; resumable: out_dir keeps what finished)."""
     from data_gen.store import read_trajectories
     from data_gen.teacher import GenerateConfig, SamplingGrid, generate
 
-    gen = GenerateConfig(runtime=dataclasses.replace(cfg.runtime, llm=cfg.teacher), datasets=[],
-                         corpus=str(train.corpus), sampling=SamplingGrid(temperatures=[0.0], samples_per_temperature=1),
-                         out_dir=str(out / "teacher"),
+    gen = GenerateConfig(runtime=dataclasses.replace(cfg.runtime, llm=llm), datasets=[], corpus=str(corpus),
+                         sampling=sampling or SamplingGrid(temperatures=[0.0], samples_per_temperature=1),
+                         out_dir=str(out_dir),
                          # the scripted backend ignores `model`: don't record a model that never ran
-                         teacher="scripted" if cfg.teacher.backend == "scripted" else None)
-    result = generate(gen, retriever=retriever, questions=train.questions)
+                         teacher=name or ("scripted" if llm.backend == "scripted" else None))
+    result = generate(gen, retriever=retriever, questions=questions)
     return read_trajectories(result.path)
+
+
+def silver_trajectories(cfg: DemoConfig, train: QuestionSet, retriever, out: Path) -> list[Trace]:
+    """The train questions' gold chains replayed through the loop (no LLM), into OUT/silver/ (whole:
+    deterministic and seconds long, so a rerun rewrites it rather than resuming it)."""
+    from data_gen.silver import run_silver
+
+    traces = run_silver(train.questions, retriever, cfg.runtime, train.corpus)
+    with atomic_write(out / "silver" / "trajectories.jsonl") as f:
+        f.writelines(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in traces)
+    return traces
 
 
 def make_sft_data(cfg: DemoConfig, train: QuestionSet, retriever, out: Path) -> dict[str, Any]:
     """Silver (+ teacher) trajectories -> filter by answer F1 -> SFT chats, each in its own folder."""
+    from data_gen.silver import silver_counts
+
+    silver = silver_trajectories(cfg, train, retriever, out)
+    sources, taught = {"silver": len(silver)}, []
+    if cfg.teacher is not None:
+        taught = teacher_trajectories(cfg, cfg.teacher, train.questions, train.corpus, retriever, out / "teacher")
+        sources["teacher"] = len(taught)
+    data = sft_data(cfg, silver + taught, sources, out)
+    return {"sources": sources, "silver": silver_counts(silver), **data}
+
+
+def sft_data(cfg: DemoConfig, traces: list[Trace], sources: dict[str, int], out: Path,
+             dedupe_paths: bool = False) -> dict[str, Any]:
+    """Trajectories -> the answer-F1 filter (OUT/filtered/) -> SFT chats (OUT/sft/); the counts."""
     from data_gen.filter import FilterConfig, run_filter
     from data_gen.sft import SFTDataConfig, build_sft
-    from data_gen.silver import run_silver, silver_counts
-    from kair_runtime.jsonl import JsonlWriter
 
-    traces = run_silver(train.questions, retriever, cfg.runtime, train.corpus)
-    (out / "silver").mkdir(parents=True, exist_ok=True)
-    with JsonlWriter(out / "silver" / "trajectories.jsonl") as w:
-        w.write(t.to_dict() for t in traces)
-    sources = {"silver": len(traces)}
-    if cfg.teacher is not None:
-        taught = teacher_trajectories(cfg, train, retriever, out)
-        sources["teacher"] = len(taught)
-        traces = traces + taught
-    report = run_filter(FilterConfig(out_dir=str(out / "filtered"), min_f1=cfg.min_f1), traces)
+    report = run_filter(FilterConfig(out_dir=str(out / "filtered"), min_f1=cfg.min_f1, dedupe_paths=dedupe_paths),
+                        traces)
     if report["kept"] == 0:
         raise ConfigError(f"no trajectory passed the filter (see {out / 'filtered' / 'report.md'}); "
                           "raise max_steps or top_k, or lower min_f1")
     stats = build_sft(SFTDataConfig(runtime=cfg.runtime, trajectories=str(out / "filtered"), out_dir=str(out / "sft"),
                                     validation_fraction=cfg.validation_fraction, seed=cfg.train.seed))
-    return {"sources": sources, "silver": silver_counts(traces[:sources["silver"]]), "kept": report["kept"],
-            "kept_by_dataset": report["by_dataset"], "reasons": report["reasons"],
+    return {"sources": sources, "kept": report["kept"], "kept_by_dataset": report["by_dataset"],
+            "reasons": report["reasons"],
             "examples": {k: v["examples"] for k, v in stats["splits"].items()}}
 
 
