@@ -265,7 +265,20 @@ def sft_stats(traces: list[Trace], splits: dict[str, list[dict]], cfg: SFTDataCo
                     | {"loop": {k: asdict(cfg.runtime.loop)[k] for k in
                                 ("prompt_dir", "system_prompt", "max_passage_words", "answer_mode")}},
         "filter": {k: filt[k] for k in ("settings", "kept", "total", "reasons")} if filt else None,
+        "loop_bounds": loop_bounds(traces),
     }
+
+
+def loop_bounds(traces: list[Trace]) -> dict[str, int]:
+    """The structured mode's loop.max_* bounds that leave room for every step and answer of these
+    trajectories (kair_runtime.grammar.step_needs): set them when decoding a student trained on
+    this data with loop.structured, so that no bound cuts what it learned to write."""
+    from kair_runtime.grammar import answer_needs, step_needs
+
+    needs = [step_needs(st.index, st.reasoning, st.next_query) for t in traces for st in t.steps]
+    needs += [answer_needs(t.answer) for t in traces]
+    keys = dict.fromkeys(k for n in needs for k in n)
+    return {k: max(1, max(n.get(k, 0) for n in needs)) for k in keys}
 
 
 def dataset_card(s: dict[str, Any]) -> str:
@@ -292,6 +305,10 @@ def dataset_card(s: dict[str, Any]) -> str:
              f"- index format(s): {', '.join(s['index_formats'])}",
              f"- prompt version(s): {', '.join(s['prompt_versions'])} (`PromptSet.version`)",
              f"- prompt source: {s['settings']['prompt_source']}; loop settings: {s['settings']['loop']}",
+             "", "## Structured decoding", "",
+             "The loop.max_* bounds that leave the grammar room for every reply here (set them with "
+             "`runtime.loop.structured=true` when decoding a student trained on this data):", "",
+             "    " + " ".join(f"--set runtime.loop.{k}={v}" for k, v in s["loop_bounds"].items()),
              "", "## Filter", ""]
     f = s["filter"]
     if f:

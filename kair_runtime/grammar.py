@@ -8,18 +8,28 @@ same on every backend:
     answer_grammar(GrammarBounds())       # a short answer: a few words
 
 What the grammar allows, the parser reads as a valid step, with no fallback (tested on every
-format in tests/kair_runtime/test_grammar.py). Free text is words of letters and digits
-separated by single spaces or the joiners - ' . & ("Jean-Luc", "U.S.A", "AT&T"; and ", " where
-the layout has no comma of its own); it has no newline, tag, colon, semicolon or arrow, so it cannot end a section,
-start a label or header, or split an item. What the parser drops or reads as "no query" is left
-out: the layout's placeholder items (a copied template), an index header word as a K&F keyword,
-and "none"-like text as the query of an insufficient step. A sufficient step's query is NO_QUERY.
+format in tests/kair_runtime/test_grammar.py), and what training replies write it allows too,
+so a tuned student is not pushed off what it learned. Free text is words of letters (ASCII,
+Latin, Greek, Cyrillic: "Pál Gábor") and digits, separated by single spaces or the joiners
+- ' . & – ("Jean-Luc", "U.S.A", "AT&T", "1914–18"), by ". " in the index and query, by ", "
+where the layout has no comma of its own, and in the reasoning also by "; ". After its first
+word a phrase's words may be framed: "(2011 film)", '"The Eagle"', "Splash!", "Jr.". A reasoning
+word may end in ":" unless it ends in "nt" ("still missing: X"; never "Judgment:"), and the
+reasoning may end in a stop. There is no newline, tag, arrow, and outside the reasoning no colon
+or semicolon, so text cannot end a section, start a label or header, or split an item. What the
+parser drops or reads as "no query" is left out: the layout's placeholder items (a copied
+template), an index header word as a K&F keyword, and "none"-like text as the query of an
+insufficient step. A sufficient step's query is NO_QUERY. An answer is any printable text but
+"<", from a letter, digit, "$", "(" to a letter, digit, ")" or "%" ("J. T. Petty", "$268 million").
 
 Everything that loops is bounded (GrammarBounds): entries per index section, words per entry
 part, words of the reasoning, the query and the answer, and characters per word, so every
-output is at most `longest(grammar)` characters. Each generated token is at least one character,
-so the loop gives a structured call that many tokens (or step_max_tokens, if more): a repetition
-loop ends in a valid step, never at the token cap.
+output is at most `longest(grammar)` bytes. Each generated token is at least one byte, so the
+loop gives a structured call that many tokens (or step_max_tokens, if more): a repetition loop
+ends in a valid step, never at the token cap. Where that passes the model's context, the
+context caps the call (hf here, vLLM itself); no real output comes near it. Which bounds a
+student's training replies need: `step_needs` / `answer_needs`, whose maxima data_gen.sft
+records as `loop_bounds` in the SFT data's stats.json.
 """
 
 from __future__ import annotations
@@ -34,11 +44,27 @@ from kair_runtime.layout import (
     Slot, step_layout,
 )
 from kair_runtime.parser import NO_QUERY_PHRASINGS, clean_query
+from kair_runtime.records import Index
 
-_ALNUM = "[A-Za-z0-9]"
+# Letters beyond ASCII, so names are spelled as the documents spell them ("Pál Gábor", "Fårö",
+# "Alû"): Latin-1 and Latin Extended-A/B (less the signs x and /), Greek and Cyrillic; each is
+# 2 bytes in UTF-8, which `longest` counts.
+_LETTERS = "À-ÖØ-öø-ɏͰ-ϿЀ-ӿ"
+_ALNUM = f"[A-Za-z0-9{_LETTERS}]"
 _ALNUM_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-# Between words with no space: "Jean-Luc", "O'Brien", "U.S.A", "AT&T", "2022-01-22" (3 words).
-JOINERS = ("-", "'", ".", "&")
+# A reasoning word may end in ":" ("still missing: X", "next: X") unless it ends in "nt", so that
+# no word of the reasoning reads as the parser's judgment label ("Judgment:", "prejudgement:").
+_NOT_T = f"[A-SU-Za-su-z0-9{_LETTERS}]"
+_NOT_N = f"[A-MO-Za-mo-z0-9{_LETTERS}]"
+# An answer word is any run of printable characters but "<" (no tag); the answer starts with a
+# letter or digit and ends with one (or ")" or "%"), so that extract_answer, which strips an
+# "Answer:" prefix, quotes and a final period, never reads it as empty.
+_ANSWER_CHAR = "[^ \\t\\n\\r<]"
+_ANSWER_START = f"[A-Za-z0-9{_LETTERS}$£€(]"
+_ANSWER_END = f"[A-Za-z0-9{_LETTERS})%]"
+# Between words with no space: "Jean-Luc", "O'Brien", "U.S.A", "AT&T", "2022-01-22" (3 words),
+# "1914–1918" (an en dash).
+JOINERS = ("-", "'", ".", "&", "–")
 
 
 @dataclass(frozen=True)
@@ -106,8 +132,8 @@ class _Rules:
             kids = [(c, self.word_except(words, prefix + c)) for c in nexts] if left >= 0 else []
             alts = [f"{_ci(c)} {kid}" for c, kid in kids if kid]
             taken = {c for n in nexts for c in (n.lower(), n.upper())}
-            other = "".join(c for c in _ALNUM_CHARS if c not in taken)
-            if left >= 0 and other:
+            other = "".join(c for c in _ALNUM_CHARS if c not in taken) + _LETTERS
+            if left >= 0:
                 alts.append(f"[{other}] {_ALNUM}{{0,{left}}}")
             if prefix and prefix not in words:
                 alts.append('""')  # the word ends here
@@ -115,13 +141,36 @@ class _Rules:
             self.names[key] = self.add(f"wx{len(self.names)}", body) if alts else None
         return self.names[key]
 
-    def phrase(self, tag: str, max_words: int, excluded: set[tuple[str, ...]], seps: tuple[str, ...] = (" ",)) -> str:
+    def framed_word(self) -> str:
+        """A word after the first of a phrase may open with "(", '"' or "$" and close with ")",
+        '"', "!", "?", "%" or ".": "Always (2011 film)", 'Eddie "The Eagle" Edwards', "Splash!",
+        "Smithers Jr.". The first word may not, so a phrase's excluded sequences ("none" as a
+        query) stay excluded."""
+        return self.add("fword", f'[("$]? {self.word()} [)"!?%.]?')
+
+    def colon_word(self) -> str:
+        """A framed word, or one that ends in ":" and not in "nt" (see _NOT_T)."""
+        self.word()
+        n = self.word_chars
+        colon = (f'({_ALNUM}{{0,{n - 1}}} {_NOT_T} ":") | ({_ALNUM}{{0,{max(n - 2, 0)}}} {_NOT_N} [tT] ":") '
+                 f'| ([tT] ":")')
+        return self.add("cword", f"{self.framed_word()} | {colon}")
+
+    def phrase(self, tag: str, max_words: int, excluded: set[tuple[str, ...]], seps: tuple[str, ...] = (" ",),
+               colons: bool = False) -> str:
         """1..max_words words joined by `seps` or a joiner, whose lower-cased words (joined by
-        single spaces) are none of `excluded`: a trie over the excluded word sequences."""
-        word = self.word()
+        single spaces) are none of `excluded`: a trie over the excluded word sequences.
+        colons: a word may end in ":" (the reasoning; needs no excluded sequences)."""
+        if colons:
+            if excluded:
+                raise ValueError("a phrase with colons has no excluded sequences")
+            word = self.colon_word()
+            sep = " | ".join(_lit(s) for s in dict.fromkeys(seps + JOINERS))
+            return self.add(f"{tag}_phrase", f"{word} (({sep}) {word}){{0,{max_words - 1}}}")
+        word, later = self.word(), self.framed_word()
         seps = tuple(dict.fromkeys(seps + JOINERS))
         sep = " | ".join(_lit(s) for s in seps)
-        free = lambda n: f"(({sep}) {word}){{0,{n}}}" if n > 0 else '""'
+        free = lambda n: f"(({sep}) {later}){{0,{n}}}" if n > 0 else '""'
 
         def node(path: tuple[str, ...]) -> str:
             name = self.add(f"{tag}_{len(self.rules)}", "")  # filled below, after its children
@@ -179,11 +228,13 @@ def _section(rules: _Rules, fmt: str, i: int, section: IndexSection, b: GrammarB
     item = [_lit(parts[0])] if parts[0] else []
     for k, text in enumerate(parts[1:]):
         if section.part_sep and k == 1:  # a keyword's facts
-            fact = rules.phrase(f"{fmt}_fact", b.entry_words, ECHO_PHRASES)
+            fact = rules.phrase(f"{fmt}_fact", b.entry_words, ECHO_PHRASES, (" ", ". "))
             item.append(f"{fact} ({_lit(section.part_sep)} {fact}){{0,{b.max_entries - 1}}}")
         else:  # a K&F keyword that is a header word would open a new section
             excluded = ECHO_PHRASES | (HEADER_PHRASES if section.part_sep else set())
-            item.append(rules.phrase(f"{fmt}_{i}_{k}", b.entry_words, excluded))
+            # ", " inside a part only where items are a line each (in a one-line list it separates items)
+            seps = (" ", ". ") if section.inline else (" ", ". ", ", ")
+            item.append(rules.phrase(f"{fmt}_{i}_{k}", b.entry_words, excluded, seps))
         if text:
             item.append(_lit(text))
     entry = rules.add(f"{fmt}_entry{i}", " ".join(item))
@@ -201,8 +252,8 @@ def step_grammar(format_name: str, bounds: GrammarBounds | None = None) -> str:
     rules = _Rules(b.word_chars)
     index = " ".join(f"{_lit(chr(10)) + ' ' if i else ''}{_section(rules, layout.format, i, s, b)}"
                      for i, s in enumerate(layout.sections))
-    reasoning = rules.phrase("reasoning", b.reasoning_words, set(), (" ", ", ", ". "))
-    query = rules.phrase("query", b.query_words, NO_QUERY_PHRASES)
+    reasoning = rules.phrase("reasoning", b.reasoning_words, set(), (" ", ", ", ". ", "; "), colons=True)
+    query = rules.phrase("query", b.query_words, NO_QUERY_PHRASES, (" ", ". ", ", "))
     skeleton = layout.skeleton
     cut = next(k for k, p in enumerate(skeleton) if isinstance(p, Slot) and p.name == JUDGMENT_TAG)
     head, tail = skeleton[:cut], skeleton[cut + 1:]
@@ -217,7 +268,8 @@ def step_grammar(format_name: str, bounds: GrammarBounds | None = None) -> str:
             elif p.name == JUDGMENT_TAG:
                 out.append(_lit(judgment))
             else:  # the reasoning slot holds its text and the space after it, or nothing
-                out.append(f"({reasoning} \" \")?" if p.name != "index" else f"({index})")
+                # the reasoning's last sentence may end in a stop before the judgment
+                out.append(f"({reasoning} [.!?]{{0,2}} \" \")?" if p.name != "index" else f"({index})")
         return " ".join(out)
 
     per_judgment = " | ".join(f"({fill((Slot(JUDGMENT_TAG),) + tail, j)})" for j in JUDGMENTS)
@@ -225,10 +277,51 @@ def step_grammar(format_name: str, bounds: GrammarBounds | None = None) -> str:
 
 
 def answer_grammar(bounds: GrammarBounds | None = None) -> str:
-    """A short answer: 1..answer_words words (", " allowed between them)."""
+    """A short answer: 1..answer_words words of at most word_chars printable characters (no "<"),
+    single spaces between them, starting and ending with a letter or digit (see _ANSWER_CHAR)."""
     b = bounds or GrammarBounds()
     rules = _Rules(b.word_chars)
-    return rules.text(rules.phrase("answer", b.answer_words, set(), (" ", ", ")))
+    wc = b.word_chars
+    word = rules.add("aword", f"{_ANSWER_CHAR}{{1,{wc}}}")
+    first = rules.add("afirst", f"{_ANSWER_START} {_ANSWER_CHAR}{{0,{wc - 1}}}")
+    last = rules.add("alast", f"{_ANSWER_CHAR}{{0,{wc - 1}}} {_ANSWER_END}")
+    only = rules.add("aonly", f"({_ANSWER_START} {_ANSWER_CHAR}{{0,{max(wc - 2, 0)}}} {_ANSWER_END}) | {_ALNUM}")
+    if b.answer_words == 1:
+        return rules.text(only)
+    middle = f'(" " {word}){{0,{b.answer_words - 2}}}' if b.answer_words > 2 else '""'
+    return rules.text(f'{only} | ({first} {middle} " " {last})')
+
+
+# ---------------------------------------------------------------- the bounds an output needs
+
+_WORD = re.compile(f"[A-Za-z0-9{_LETTERS}]+")
+
+
+def _counted_words(text: str) -> list[str]:
+    """Words as the step grammar counts them: runs of letters and digits (joiners separate them)."""
+    return _WORD.findall(text)
+
+
+def step_needs(index: Index, reasoning: str, query: str | None) -> dict[str, int]:
+    """The smallest loop.max_* bounds (LoopConfig names) under which the step grammar has room
+    for this step's index, reasoning and query: what a tuned student's outputs need when they
+    look like its training replies (data_gen.sft records the maxima over its data)."""
+    parts = (index.keywords + [p for rel in index.relations for p in rel] + index.facts
+             + [kf[0] for kf in index.keyword_facts] + [f for kf in index.keyword_facts for f in kf[1]])
+    entries = [len(index.keywords), len(index.relations), len(index.facts), len(index.keyword_facts),
+               *(len(kf[1]) for kf in index.keyword_facts)]
+    words = [w for text in (*parts, reasoning, query or "") for w in _counted_words(text)]
+    return {"max_index_entries": max(entries),
+            "max_entry_words": max((len(_counted_words(p)) for p in parts), default=0),
+            "max_reasoning_words": len(_counted_words(reasoning)),
+            "max_query_words": len(_counted_words(query or "")),
+            "max_word_chars": max((len(w) for w in words), default=0)}
+
+
+def answer_needs(answer: str) -> dict[str, int]:
+    """The same for an answer: its space-separated words and the longest of them."""
+    words = answer.split()
+    return {"max_answer_words": len(words), "max_word_chars": max((len(w) for w in words), default=0)}
 
 
 # ---------------------------------------------------------------- the longest output
@@ -280,8 +373,9 @@ class _Longest:
         self.pos += 1
         if kind == "lit":
             n = len(text[1:-1].encode().decode("unicode_escape").encode())
-        elif kind == "cls":
-            n = 1  # the classes written here are ASCII
+        elif kind == "cls":  # its widest character in UTF-8 (ranges are listed by their ends)
+            body = text[1:-1].encode().decode("unicode_escape").encode("latin-1").decode()
+            n = 4 if body.startswith("^") else max(len(c.encode()) for c in body)
         elif kind == "name":
             n = self.rule(text)
         elif text == "(":

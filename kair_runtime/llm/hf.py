@@ -11,6 +11,7 @@ token (or the token that completed a stop string), never padding.
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -86,6 +87,13 @@ class HFBackend:
 
     def generate(self, prompts: list[list[Message]], sampling: SamplingParams) -> list[Completion]:
         encoded = [self.encode(p) for p in prompts]
+        if sampling.grammar is not None and self.max_context is not None:
+            # A structured call's cap is its grammar's longest output in bytes, a bound no real
+            # output nears; past the context it is the context that bounds the output (one that
+            # runs there ends "length" and its step is counted as a format failure, not hidden).
+            room = self.max_context - max(len(ids) for ids in encoded)
+            if room >= 1 and sampling.max_tokens > room:
+                sampling = dataclasses.replace(sampling, max_tokens=room)
         self._check_context(encoded, sampling.max_tokens)
         # Similar lengths share a chunk (less padding); results go back in input order.
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))

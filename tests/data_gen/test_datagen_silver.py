@@ -196,6 +196,33 @@ def test_silver_quality_and_sft(kr, tmp_path):
                                     out_dir=str(tmp_path / "sft")))
     assert stats["sources"] == {"annotations": sum(1 for t in traces if t.extra["complete"])}
     assert not stats["skipped_not_reproducible"]
+    structured_bounds_leave_room_for_every_reply(stats["loop_bounds"], tmp_path / "sft" / "train.jsonl")
+
+
+def structured_bounds_leave_room_for_every_reply(bounds: dict[str, int], train_file: Path) -> None:
+    """Under the recorded loop bounds the grammar refuses a training reply only where it refuses
+    it under bounds far above any reply (a character it cannot spell), never for its length."""
+    xgr = pytest.importorskip("xgrammar", reason="the structured extra")
+    from kair_runtime.grammar import answer_grammar, step_grammar
+    from kair_runtime.loop import KairLoop
+
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo(["<eos>"], stop_token_ids=[0]))
+    rows = [json.loads(line) for line in train_file.open()]
+
+    def accepted(b: dict[str, int]) -> list[bool]:
+        bounds = KairLoop.grammar_bounds(LoopConfig(**b))
+        grammars = {"step": compiler.compile_grammar(step_grammar("kr", bounds)),
+                    "answer": compiler.compile_grammar(answer_grammar(bounds))}
+        out = []
+        for r in rows:
+            matcher = xgr.GrammarMatcher(grammars["answer" if r["kind"] == "answer" else "step"],
+                                         terminate_without_stop_token=True)
+            out.append(matcher.accept_string(r["messages"][-1]["content"]) and matcher.is_completed())
+        return out
+
+    at_bounds = accepted(bounds)
+    assert at_bounds == accepted({k: 2 * v for k, v in bounds.items()})
+    assert sum(at_bounds) >= 0.8 * len(rows)
 
 
 def test_a_question_without_a_chain_stays_out_of_the_loop_and_in_its_place(setup):

@@ -102,6 +102,29 @@ def test_answer_grammar_is_a_short_answer(accepts):
     grammar = answer_grammar(SMALL)
     assert accepts(grammar, "Paris") and accepts(grammar, "Jean-Luc Godard, 1930")
     assert not accepts(grammar, "Paris\n") and not accepts(grammar, "a b c d e") and not accepts(grammar, "")
+    # Answers as the gold strings spell them: any printable characters but a tag's "<".
+    for gold in ("J. T. Petty", "$268 million", "200,000", "Fårö", "Mr. Fix-It", "17%", "Love & War",
+                 "Thelma Hopkins (athlete)", "A Nightmare 4: The", "Don'T Freak Me"):
+        assert accepts(grammar, gold), gold
+    # Never one that extract_answer reads as empty (an "Answer:" prefix, quotes, a lone stop) or a tag.
+    for empty in ("Answer:", "''", '"x"', ".", "x <b>", "Answer -"):
+        assert not accepts(grammar, empty), empty
+
+
+def test_step_text_is_spelled_as_training_replies_spell_it(accepts):
+    """What silver replies write, which the grammar must not force a tuned student away from:
+    letters beyond ASCII, a title's parentheses, "missing: X", "Jr.; ", a reasoning ending in a stop."""
+    grammar = step_grammar("kr", GrammarBounds())
+    step = ("<index>\nKeywords: Alû, Always (2011 film), Waylon J. Smithers Jr.\nRelationships:\n"
+            "Leland, North Carolina -> in or around -> Maximum Overdrive\n</index>\n<reasoning>The documents "
+            "give Alû related to Lilu; Waylon Smithers Jr.; but the next piece is still missing: Always (2011 film). "
+            "Judgment: insufficient</reasoning>\n<query>Always (2011 film), Pál Gábor</query>")
+    assert accepts(grammar, step)
+    assert parse_step_output(step, "kr", Index("kr"), "q").fallbacks == []
+    # No reasoning word reads as the judgment label: a colon never follows a word ending in "nt".
+    for label in ("Judgment:", "prejudgement:", "JUDGMENT:"):
+        assert not accepts(grammar, step.replace("missing:", label)), label
+    assert not accepts(grammar, step.replace("Keywords: Alû", "Keywords: (none)"))  # a first word is plain
 
 
 @pytest.fixture(scope="module")
@@ -148,15 +171,28 @@ def test_longest_reads_the_grammar():
     assert longest('root ::= "ab" ("c" | "de"){0,3} x? [0-9]\nx ::= [a-z]{1,4} "\\n"\n') == 2 + 6 + 5 + 1
     with pytest.raises(ValueError, match="unbounded"):
         longest('root ::= "a" [b]*\n')
-    # Joiners separate words, so a word is at most word_chars characters, dates and names included.
-    assert longest(answer_grammar(GrammarBounds(answer_words=3, word_chars=5))) == 3 * 5 + 2 * 2
+    # An answer's characters are counted in UTF-8 bytes, as tokens may split them: 3 words of 5
+    # characters, the first opening with a sign of up to 3 bytes (€), the last ending in a 2-byte
+    # letter, every other character any printable one (up to 4), 2 spaces.
+    longest_answer = (3 + 4 * 4) + (5 * 4) + (4 * 4 + 2) + 2
+    assert longest(answer_grammar(GrammarBounds(answer_words=3, word_chars=5))) == longest_answer
 
 
 def test_words_are_bounded_and_joined(accepts):
-    grammar = answer_grammar(GrammarBounds(answer_words=4, word_chars=6))
-    assert accepts(grammar, "Jean-Luc O'Brien") and accepts(grammar, "2022-01-22") and accepts(grammar, "AT&T")
-    assert not accepts(grammar, "Schwarzenegger") and not accepts(grammar, "1-2-3-4-5")
-    assert not accepts(grammar, "Jean--Luc") and not accepts(grammar, "Paris-")
+    # In step text the joiners separate words: a word is at most word_chars letters or digits.
+    grammar = step_grammar("kr", GrammarBounds(query_words=4, word_chars=6))
+
+    def query(text: str) -> bool:
+        return accepts(grammar, "<index>\nKeywords: x\nRelationships:\n</index>\n<reasoning>Judgment: "
+                                f"insufficient</reasoning>\n<query>{text}</query>")
+
+    assert query("Jean-Luc O'Brien") and query("2022-01-22") and query("AT&T")
+    assert not query("Schwarzenegger") and not query("1-2-3-4-5")
+    assert not query("Jean--Luc") and not query("Paris-")
+    # An answer's word is any printable run of at most word_chars characters.
+    answer = answer_grammar(GrammarBounds(answer_words=2, word_chars=8))
+    assert accepts(answer, "Jean-Luc O'Brien") and accepts(answer, "1914–18")
+    assert not accepts(answer, "Schwarzenegger") and not accepts(answer, "2022-01-22")
 
 
 def test_a_structured_step_is_never_cut_by_the_token_cap(tmp_path):
@@ -207,3 +243,27 @@ def test_config_validates_the_mode():
         LoopConfig(structured=True, no_repeat_ngram=3).validate()
     with pytest.raises(ConfigError, match="true or false"):
         LoopConfig(structured="yes").validate()
+
+
+def test_the_bounds_a_step_needs_are_counted_as_the_grammar_counts():
+    from kair_runtime.grammar import answer_needs, step_needs
+
+    index = Index("kr", keywords=["Alû", "Always (2011 film)", "x"],
+                  relations=[["Jean-Luc O'Brien", "born in", "Paris"]])
+    assert step_needs(index, "The documents give Alû; still missing: Paris.", "Always (2011 film)") == {
+        "max_index_entries": 3, "max_entry_words": 4, "max_reasoning_words": 7, "max_query_words": 3,
+        "max_word_chars": 9}
+    assert answer_needs("Thelma Hopkins (athlete)") == {"max_answer_words": 3, "max_word_chars": 9}
+
+
+def test_a_structured_call_past_the_context_is_capped_by_it(hf):
+    """The grammar's longest output is a bound in bytes, far above real outputs; where it passes
+    the model's context, the context caps the call instead of refusing it. A free call is refused."""
+    from kair_runtime.llm.hf import HFBackend
+
+    small = HFBackend(hf.model, hf.tokenizer, max_context=96)
+    grammar = step_grammar("kr", TINY)
+    out = small.generate(PROMPTS[:1], SamplingParams(max_tokens=longest(grammar), grammar=grammar))[0]
+    assert out.completion_tokens <= 96
+    with pytest.raises(BackendError, match="exceeds the model's context of 96 tokens"):
+        small.generate(PROMPTS[:1], SamplingParams(max_tokens=longest(grammar)))
