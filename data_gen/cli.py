@@ -89,11 +89,14 @@ def filter_cmd(
     min_f1: Optional[float] = typer.Option(None, help="Keep answers with token F1 >= this (default 1.0)."),
     best_k: Optional[int] = typer.Option(None, help="At most k trajectories per question."),
     max_step_tokens: Optional[int] = typer.Option(None, help="Completion budget per step (default: as recorded)."),
+    merge_with: list[str] = typer.Option([], "--merge-with", help="Trajectories read first (e.g. silver); repeatable."),
+    dedupe_paths: Optional[bool] = typer.Option(None, "--dedupe-paths", help="One per question and retrieval path."),
 ) -> None:
     """Keep correct, well-formed trajectories; print and write a report."""
     try:
         cfg = load_config(FilterConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "min_f1": min_f1,
-                                                "best_k": best_k, "max_step_tokens": max_step_tokens})
+                                                "best_k": best_k, "max_step_tokens": max_step_tokens,
+                                                "merge_with": merge_with or None, "dedupe_paths": dedupe_paths})
         report = run_filter(cfg)
     except (*USER_ERRORS, ValueError) as e:
         _fail(e)

@@ -39,6 +39,9 @@ F1_BINS = 10
 @dataclass
 class FilterConfig:
     trajectories: str | None = None  # a trajectory folder or jsonl file (the CLI argument wins)
+    # Trajectory paths read before `trajectories`, in order: silver beside a student's samples in a
+    # round of expert iteration (with dedupe_paths, a path silver already has adds nothing).
+    merge_with: list[str] = field(default_factory=list)
     out_dir: str = "runs/datagen/filtered"
     min_f1: float = 1.0
     best_k: int | None = None  # at most k trajectories per question
@@ -129,7 +132,7 @@ def run_filter(cfg: FilterConfig, traces: list[Trace] | None = None) -> dict[str
     if traces is None:
         if not cfg.trajectories:
             raise ConfigError("no trajectories to filter: pass TRAJ_DIR or set `trajectories`")
-        traces = read_trajectories(cfg.trajectories)
+        traces = [t for path in (*cfg.merge_with, cfg.trajectories) for t in read_trajectories(path)]
     if cfg.best_k is not None and cfg.best_k < 1:
         raise ConfigError(f"best_k must be >= 1, got {cfg.best_k}")
     verdicts = [judge(t, cfg) for t in traces]

@@ -80,3 +80,24 @@ def test_silver_marked_incomplete_is_dropped(tmp_path, defective_run):
     report = run_filter(FilterConfig(out_dir=str(tmp_path / "f"), min_f1=0.0, max_step_tokens=1000), traces=traces)
     assert report["reasons"]["incomplete_evidence"] == 1
     assert trajectory_key(traces[5]) not in {trajectory_key(t) for t in read_trajectories(tmp_path / "f")}
+
+
+def test_merged_with_silver_one_trajectory_per_question_and_path_through_the_cli(tmp_path, defective_run):
+    """`kair datagen filter TEACHER --merge-with SILVER --dedupe-paths`: the oracle's greedy and
+    sampled trajectories read the same passages, so each question keeps the first given (the
+    "silver" copy here), and the repeats are counted as same_path."""
+    from typer.testing import CliRunner
+
+    from data_gen.cli import datagen_app
+    from data_gen.filter import retrieval_path
+
+    traj_dir, _ = defective_run
+    res = CliRunner().invoke(datagen_app, ["filter", str(traj_dir), "--merge-with", str(traj_dir), "--dedupe-paths",
+                                           "--out", str(tmp_path / "f")])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "f" / "report.json").read_text())
+    kept = read_trajectories(tmp_path / "f")
+    keys = [(t.question.id, retrieval_path(t)) for t in kept]
+    assert report["total"] == 60 and len(keys) == len(set(keys)) == report["kept"] < 21
+    assert report["reasons"]["same_path"] == 42 - report["kept"]  # 21 valid twice, less the ones kept
+    assert report["settings"]["merge_with"] == [str(traj_dir)] and report["settings"]["dedupe_paths"] is True
