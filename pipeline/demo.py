@@ -35,7 +35,8 @@ Everything lands in one run folder:
     OUT/traces/<dataset>/<run>.jsonl  OUT/plots/*.png  OUT/results.md  OUT/summary.json
 
 A rerun with the same config resumes: training is skipped when OUT/train.yaml is unchanged and
-the student was saved, and each eval run continues its traces file. With the default settings
+the student was saved (and goes on from its last checkpoint when it was not), the teacher's and
+each eval run's traces files continue, and so does every round. With the default settings
 the numbers are a smoke test of the plumbing, and the output says so (pipeline/demo_report.py).
 """
 

@@ -155,12 +155,25 @@ def train_student(cfg: DemoConfig, out: Path, console) -> tuple[Path, list[dict[
     path = out / "train.yaml"
     settings = train_yaml(cfg, resolve_model(model), out, training_template(model, out))
     student = student_dir(cfg, out)
-    if path.exists() and yaml.safe_load(path.read_text(encoding="utf-8")) == settings and saved_student(student):
+    same = path.exists() and yaml.safe_load(path.read_text(encoding="utf-8")) == settings
+    if same and saved_student(student):
         console.print(f"reusing {student}: {path} has the same settings and the student was saved")
         return student, loss_log(student), False
+    checkpoint = latest_checkpoint(student) if same else None
+    if checkpoint is not None:  # a run with these settings was interrupted: go on from its last checkpoint
+        console.print(f"resuming the interrupted training from {checkpoint}")
+        run(["--config", str(path), "--resume_from_checkpoint", str(checkpoint)])
+        return student, loss_log(student), True
     atomic_write_text(path, f"# python -m train.sft --config {path}\n" + yaml.safe_dump(settings, sort_keys=False))
     run(["--config", str(path)])
     return student, loss_log(student), True
+
+
+def latest_checkpoint(student: Path) -> Path | None:
+    """The student dir's checkpoint-N with the highest N that the trainer finished saving."""
+    done = [c for c in student.glob("checkpoint-*") if (c / "trainer_state.json").is_file()
+            and c.name.removeprefix("checkpoint-").isdigit()]
+    return max(done, key=lambda c: int(c.name.removeprefix("checkpoint-")), default=None)
 
 
 def tuned_llm(cfg: DemoConfig, student: Path) -> LLMConfig:

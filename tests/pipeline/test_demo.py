@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,26 @@ def test_training_goes_on_from_an_earlier_runs_checkpoint(tmp_path, tiny_model_d
     with pytest.raises(ConfigError, match="not a trainer checkpoint"):
         run_demo(longer, Console(record=True, width=160))
     assert not (tmp_path / "bad-resume").exists()  # refused before the index and data stages ran
+
+
+def test_an_interrupted_training_goes_on_from_its_last_checkpoint(tmp_path, tiny_model_dir, monkeypatch):
+    """A rerun with the same settings whose student was never saved resumes from the latest
+    checkpoint the trainer finished, not from step 0."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = tiny_cfg(tmp_path, tiny_model_dir, eval_runs=["tuned-kair"])
+    cfg.train = TrainSettings(steps=2, learning_rate=5e-3, save_steps=1)
+    run_demo(cfg, Console(record=True, width=160))
+    adapter = tmp_path / "demo" / "adapter"
+    # As if killed after checkpoint-1: no final save, no checkpoint-2, a checkpoint-2 half written.
+    (adapter / "adapter_config.json").unlink()
+    shutil.rmtree(adapter / "checkpoint-2")
+    (adapter / "checkpoint-2").mkdir()
+    console = Console(record=True, width=200)
+    info = run_demo(cfg, console)
+    assert f"resuming the interrupted training from {adapter / 'checkpoint-1'}" in console.export_text()
+    state = json.loads((adapter / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and info["trained_this_run"] and (adapter / "adapter_config.json").is_file()
+    assert [r["step"] for r in info["train_log"] if "loss" in r] == [1, 2]
 
 
 def test_the_benchmark_students_train_config_matches_the_demos_training(tmp_path):
