@@ -42,15 +42,20 @@ def load_questions(specs: list[TrainSet]) -> list[Question]:
             # One corpus serves every training set here; a per-set one would be silently unused.
             raise ConfigError(f"datasets[{i}] ({spec.name}) sets corpus, corpus_from or extra_corpus, which only "
                               "`kair eval` reads per dataset; set the top-level `corpus` or `extra_corpus`")
+    return distinct_questions((f"{spec.name}:{spec.source}", q) for spec in specs
+                              for q in load_dataset(spec.name, path=spec.path, split=spec.split, limit=spec.limit))
+
+
+def distinct_questions(labelled: Iterable[tuple[str, Question]]) -> list[Question]:
+    """The questions of (where from, question) pairs, in order; one id in two places is an
+    error (their trajectories would share a key)."""
     out: list[Question] = []
     where: dict[str, str] = {}
-    for spec in specs:
-        for q in load_dataset(spec.name, path=spec.path, split=spec.split, limit=spec.limit):
-            label = f"{spec.name}:{spec.source}"
-            if q.id in where:
-                raise ConfigError(f"question id {q.id!r} is in both {where[q.id]} and {label}")
-            where[q.id] = label
-            out.append(q)
+    for label, q in labelled:
+        if q.id in where:
+            raise ConfigError(f"question id {q.id!r} is in both {where[q.id]} and {label}")
+        where[q.id] = label
+        out.append(q)
     return out
 
 

@@ -85,7 +85,7 @@ def benchmark_sets(cfg: DemoConfig, out: Path) -> tuple[QuestionSet, list[Questi
     set gets the closed corpus of its split (every question's paragraphs, not only dev_limit's).
     With `runtime.retriever.index_dir` every set retrieves from that prebuilt index instead, and
     its passages are the corpus gold ids map into."""
-    from data_gen.store import load_questions
+    from data_gen.store import distinct_questions, load_questions
     from eval.corpus import corpus_for
     from eval.run import gold_ids_for
     from kair_runtime.retrieval.store import PASSAGES
@@ -109,8 +109,8 @@ def benchmark_sets(cfg: DemoConfig, out: Path) -> tuple[QuestionSet, list[Questi
         return qs[:limit] if limit is not None else qs
 
     train_groups = benchmark_specs(cfg.train_sets, TrainSet, root)
-    train_qs = [q for group in train_groups for q in questions(group, group[0].limit)]
-    _check_unique_ids(train_qs, cfg.train_sets)
+    train_qs = distinct_questions((f"train_sets[{i}]", q) for i, group in enumerate(train_groups)
+                                  for q in questions(group, group[0].limit))
     train_corpus = corpus_of("train", [s for group in train_groups for s in group])
     train = QuestionSet("train", train_qs, train_corpus, {})
     dev = []
@@ -123,11 +123,3 @@ def benchmark_sets(cfg: DemoConfig, out: Path) -> tuple[QuestionSet, list[Questi
         raise ConfigError(f"--data {root}: no train or no dev questions")
     return train, dev
 
-
-def _check_unique_ids(questions: list[Question], items: list) -> None:
-    """One id in two train sets would give two trajectories one key."""
-    seen: set[str] = set()
-    for q in questions:
-        if q.id in seen:
-            raise ConfigError(f"question id {q.id!r} is in two of train_sets {items}")
-        seen.add(q.id)

@@ -163,6 +163,16 @@ def test_a_dataset_without_its_split_is_a_config_error(tmp_path):
         benchmark_sets(cfg, tmp_path / "out")
 
 
+@pytest.mark.skipif(not (BENCH_DATA / "musique").is_dir(), reason="needs the benchmark samples in ../shared/data")
+def test_one_question_in_two_train_sets_is_a_config_error(tmp_path):
+    from pipeline.demo_sets import benchmark_sets
+
+    again = TrainSet("musique", path=str(BENCH_DATA / "musique" / "train_300.jsonl"))
+    cfg = DemoConfig(data_dir=str(BENCH_DATA), train_sets=["musique:train", again], dev_sets=["musique:dev"])
+    with pytest.raises(ConfigError, match="is in both train_sets\\[0\\] and train_sets\\[1\\]"):
+        benchmark_sets(cfg, tmp_path / "out")
+
+
 def test_a_configured_teacher_adds_its_trajectories(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # The scripted backend writes well-formed KAIR steps from the documents it is shown: a teacher
