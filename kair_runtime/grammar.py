@@ -150,7 +150,6 @@ class _Rules:
 
     def colon_word(self) -> str:
         """A framed word, or one that ends in ":" and not in "nt" (see _NOT_T)."""
-        self.word()
         n = self.word_chars
         colon = (f'({_ALNUM}{{0,{n - 1}}} {_NOT_T} ":") | ({_ALNUM}{{0,{max(n - 2, 0)}}} {_NOT_N} [tT] ":") '
                  f'| ([tT] ":")')
@@ -161,15 +160,14 @@ class _Rules:
         """1..max_words words joined by `seps` or a joiner, whose lower-cased words (joined by
         single spaces) are none of `excluded`: a trie over the excluded word sequences.
         colons: a word may end in ":" (the reasoning; needs no excluded sequences)."""
+        seps = tuple(dict.fromkeys(seps + JOINERS))
+        sep = " | ".join(_lit(s) for s in seps)
         if colons:
             if excluded:
                 raise ValueError("a phrase with colons has no excluded sequences")
             word = self.colon_word()
-            sep = " | ".join(_lit(s) for s in dict.fromkeys(seps + JOINERS))
             return self.add(f"{tag}_phrase", f"{word} (({sep}) {word}){{0,{max_words - 1}}}")
         word, later = self.word(), self.framed_word()
-        seps = tuple(dict.fromkeys(seps + JOINERS))
-        sep = " | ".join(_lit(s) for s in seps)
         free = lambda n: f"(({sep}) {later}){{0,{n}}}" if n > 0 else '""'
 
         def node(path: tuple[str, ...]) -> str:
