@@ -57,14 +57,18 @@ class RoundSettings:
     """Rounds of expert iteration after the silver student (STaR, ReST-EM): round r's teacher is
     round r-1's student (round 0: the silver one) in the same loop; its greedy and sampled
     trajectories over the train questions pass the same answer-F1 filter, join the silver ones
-    (one trajectory per question and retrieval path), and a new student is trained from the base
-    on them, then evaluated like the first (pipeline/demo_rounds.py)."""
+    (one trajectory per question and retrieval path), and a new student is trained on them (from
+    the base, or going on from round r-1's student), then evaluated like the first
+    (pipeline/demo_rounds.py)."""
 
     count: int = 0  # rounds after the silver student; 0: silver only
     questions: int | None = None  # train questions a round's teacher runs on (seed train.seed + r); None: all
     samples: int = 2  # sampled trajectories per question, besides the greedy one
     temperature: float = 0.7
     backend: str | None = None  # the teacher's backend; None: runtime.llm's (vllm: the student merged first)
+    # base: each round's student is a new one (train.steps from the base); continue: it goes on from
+    # round r-1's student for train.steps more (a fresh schedule), so round r has trained r+1 times as long
+    init: str = "base"
 
     def validate(self, where: str = "rounds") -> None:
         check_ranges(self, {"count": NON_NEGATIVE, "questions": AT_LEAST_1, "samples": NON_NEGATIVE,
@@ -72,6 +76,9 @@ class RoundSettings:
         if self.backend not in (None, "hf", "vllm"):
             raise ConfigError(f"{where}.backend={self.backend!r}: the student teaches on hf or vllm (or null: "
                               "runtime.llm.backend)")
+        if self.init not in ("base", "continue"):
+            raise ConfigError(f"{where}.init={self.init!r}: base (a new student each round) or continue (from "
+                              "the previous round's student)")
 
 # The runs stage 4 can compare, by name: (row label, method, tuned student?)
 EVAL_RUNS: dict[str, tuple[str, str, bool]] = {"prompted-kair": ("prompted", "kair", False),

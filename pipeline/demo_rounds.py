@@ -5,7 +5,8 @@
                      `rounds.questions` of them): one greedy + `rounds.samples` sampled trajectories each
         filtered/    silver + those, through the same answer-F1 filter as any teacher, one trajectory
                      per question and retrieval path (silver first, so a path silver already has adds nothing)
-        sft/ train.yaml adapter/   a new student, trained from the base on that data
+        sft/ train.yaml adapter/   a new student trained on that data: from the base, or (rounds.init
+                     continue) going on from round r-1's student
         traces/      the new student on the dev questions (the tuned run only)
 
 Each round resumes like the stages before it: the teacher's file keeps what finished, training
@@ -107,11 +108,14 @@ def run_rounds(cfg: DemoConfig, train: QuestionSet, dev: list[QuestionSet], retr
                         dedupe_paths=True)
         data["teacher_kept"] = teacher_yield(taught, recover(rdir / "filtered" / "kept.jsonl"))
         console.print(f"round {r}: teacher kept {data['teacher_kept']}; SFT examples {data['examples']}")
-        student, log, trained = train_student(cfg, rdir, console)
+        previous = student
+        student, log, trained = train_student(cfg, rdir, console,
+                                              init=previous if rc.init == "continue" else None)
         round_rows = evaluate(dataclasses.replace(cfg, eval_runs=["tuned-kair"]), dev, retrievers, student, rdir,
                               progress, tuned_label=f"round {r}")
         rows += round_rows
-        records.append({"round": r, "questions": len(questions), "teacher": str(llm.adapter or llm.model),
+        records.append({"round": r, "init": rc.init, "questions": len(questions),
+                        "teacher": str(llm.adapter or llm.model),
                         "backend": llm.backend, "data": data, "student": str(student), "trained_this_run": trained,
                         "train_log": loss_log(student), "training_s": training_seconds(student)})
     return student, rows, records

@@ -82,14 +82,20 @@ def sft_data(cfg: DemoConfig, traces: list[Trace], sources: dict[str, int], out:
 # ---------------------------------------------------------------- stage 3: SFT of the student
 
 
-def train_yaml(cfg: DemoConfig, model_dir: str, out: Path, chat_template: str = "auto") -> dict[str, Any]:
-    """The train/sft.py config of the student's run (written to OUT/train.yaml, rerunnable)."""
+def train_yaml(cfg: DemoConfig, model_dir: str, out: Path, chat_template: str = "auto",
+               init: Path | None = None) -> dict[str, Any]:
+    """The train/sft.py config of the student's run (written to OUT/train.yaml, rerunnable);
+    `init`: a trained student to go on from (its adapter, or its weights in full fine-tuning)."""
     t = cfg.train
+    if init is not None and not t.use_peft:
+        model_dir = str(init)
     bf16 = t.precision == "bfloat16"
     # A LoRA base is frozen, so it can be stored in bf16; the trained weights stay float32 (PEFT keeps
     # the adapter in float32, and full fine-tuning needs float32 master weights for AdamW's small updates).
     base_dtype = "bfloat16" if bf16 and t.use_peft else "float32"
     settings: dict[str, Any] = {"model_name_or_path": model_dir, "dtype": base_dtype, "use_peft": t.use_peft}
+    if init is not None and t.use_peft:
+        settings["init_adapter"] = str(init)
     if t.use_peft:
         settings.update(lora_r=t.lora_r, lora_alpha=t.lora_alpha, lora_dropout=0.0,
                         lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
@@ -145,15 +151,17 @@ def training_seconds(student: Path) -> float | None:
     return next((r["train_runtime"] for r in reversed(state["log_history"]) if "train_runtime" in r), None)
 
 
-def train_student(cfg: DemoConfig, out: Path, console) -> tuple[Path, list[dict[str, float]], bool]:
-    """SFT in this process; returns the student dir, the logged losses, and whether this run
-    trained (False: a student saved by the same train.yaml settings is reused)."""
+def train_student(cfg: DemoConfig, out: Path, console, init: Path | None = None
+                  ) -> tuple[Path, list[dict[str, float]], bool]:
+    """SFT in this process (from the base, or going on from the student `init`); returns the
+    student dir, the logged losses, and whether this run trained (False: a student saved by the
+    same train.yaml settings is reused)."""
     from kair_runtime.llm.hf import resolve_model
     from train.sft import run
 
     model = cfg.runtime.llm.model
     path = out / "train.yaml"
-    settings = train_yaml(cfg, resolve_model(model), out, training_template(model, out))
+    settings = train_yaml(cfg, resolve_model(model), out, training_template(model, out), init)
     student = student_dir(cfg, out)
     same = path.exists() and yaml.safe_load(path.read_text(encoding="utf-8")) == settings
     if same and saved_student(student):

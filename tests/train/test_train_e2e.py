@@ -48,6 +48,35 @@ def test_a_resumed_run_keeps_its_own_save_and_eval_steps(tiny_run, qwen_real_dir
     assert trainer.state.global_step == 24
 
 
+def test_init_adapter_goes_on_from_the_given_weights(tiny_run, qwen_real_dir, sft_data_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from train.sft import main
+
+    trainer, first = tiny_run
+    args = tiny_args(qwen_real_dir, sft_data_dir, tmp_path, "--init_adapter", str(first), "--max_steps", "2",
+                     "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", "1")
+    continued = main(*args)
+    before, after = load_file(str(first / "adapter_model.safetensors")), load_file(str(tmp_path / "adapter_model.safetensors"))
+    assert sorted(before) == sorted(after)
+    # Two small steps from the trained weights: close to them, far from a fresh adapter (lora_B = 0).
+    drift = max(float((after[k].float() - before[k].float()).abs().max()) for k in before)
+    scale = max(float(before[k].float().abs().max()) for k in before if "lora_B" in k)
+    assert 0 < drift < scale
+    # and the loss starts where the first run ended, not where it began
+    start = losses(continued, "loss")[0]
+    assert start < 0.9 * losses(trainer, "loss")[0]
+
+
+def test_init_adapter_with_another_rank_is_an_error(tiny_run, qwen_real_dir, sft_data_dir, tmp_path):
+    from train.sft import main
+
+    _, first = tiny_run
+    args = tiny_args(qwen_real_dir, sft_data_dir, tmp_path, "--init_adapter", str(first), "--lora_r", "8")
+    with pytest.raises(ValueError, match=r"init_adapter .*: r=16 but the config has 8"):
+        main(*args)
+
+
 def test_every_checkpoint_is_a_checked_adapter_with_the_models_own_template(tiny_run, qwen_real_dir):
     _, out = tiny_run
     for ckpt in (out / "checkpoint-10", out / "checkpoint-20", out):
