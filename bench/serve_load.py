@@ -1,4 +1,4 @@
-"""python bench/serve_load.py [--scripted] [--requests 200] [--concurrency 32] [--sequential-requests N] [--set loop.max_steps=2] [--poison blank-lines|1mb]
+"""python bench/serve_load.py [--scripted] [--requests 200] [--concurrency 32] [--sequential-requests N] [--set loop.max_steps=2] [--poison blank-lines|1mb] [--compare-chat]
 
 Load test of `kair serve`, all on loopback. Starts the app under uvicorn on 127.0.0.1 on a free
 port (in a subprocess: this script with --serve-port), waits for /healthz, sends one warm-up
@@ -25,6 +25,11 @@ Backends:
                1,200 blank lines, the shape that once took 33 s to parse; `1mb`: a megabyte of blank
                lines and labels), and prints the normal requests' latency both ways and the ratio.
                Target: the poison slows the others by less than 2x.
+
+--compare-chat instead of the two phases above: the OpenAI route against /v1/answer. The same
+               --requests questions go one at a time to both routes, alternating which goes first,
+               and it prints each route's p50/p95 and the chat/answer p50 ratio. Target: <= 1.10
+               (the chat route costs no more than 10% more at p50).
 
 Every phase is bounded: no new request starts after --phase-time-limit-s, and each request has
 the server's request timeout. Requests that never started are reported as skipped. The server
@@ -118,10 +123,10 @@ class Phase:
                 f"wall={self.wall_s:7.1f}s  p50={p50:6.2f}s  p95={p95:6.2f}s  throughput={self.throughput:6.2f} req/s")
 
 
-def _post(client: httpx.Client, body: dict) -> str | None:
-    """One /v1/answer request; None when it succeeded, else the error as one short line."""
+def _post(client: httpx.Client, body: dict, route: str = "/v1/answer") -> str | None:
+    """One request; None when it succeeded, else the error as one short line."""
     try:
-        r = client.post("/v1/answer", json=body)
+        r = client.post(route, json=body)
     except httpx.HTTPError as e:
         return f"{type(e).__name__}: {e}"
     return None if r.status_code == 200 else f"{r.status_code}: {r.text[:200]}"
@@ -199,6 +204,38 @@ def poison_comparison(url: str, bodies: list[dict], batches: int, timeout_s: flo
           f"target 0 errors and p50 < 2x: {'met' if errors == 0 and ratio < 2 else 'NOT met'}")
 
 
+def chat_comparison(url: str, bodies: list[dict], timeout_s: float) -> None:
+    """Each question to /v1/answer and to /v1/chat/completions, one request at a time, the order
+    alternating, so drift on a shared machine hits both routes alike."""
+    model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    phases = {"/v1/answer": Phase("/v1/answer"), "/v1/chat/completions": Phase("chat")}
+    with httpx.Client(base_url=url, timeout=timeout_s) as client:
+        t0 = time.perf_counter()
+        for i, body in enumerate(bodies):
+            chat = {"model": model, "messages": [{"role": "user", "content": body["question"]}]}
+            pair = [("/v1/answer", body), ("/v1/chat/completions", chat)]
+            for route, payload in pair if i % 2 == 0 else pair[::-1]:
+                start = time.perf_counter()
+                error = _post(client, payload, route)
+                if error:
+                    phases[route].errors.append(error)
+                else:
+                    phases[route].latencies.append(time.perf_counter() - start)
+        for ph in phases.values():
+            ph.wall_s = time.perf_counter() - t0  # shared: throughput is not the point here
+    answer, chat = phases.values()
+    print(answer.line())
+    print(chat.line())
+    errors = len(answer.errors) + len(chat.errors)
+    for e in (answer.errors + chat.errors)[:5]:
+        print(f"  error: {e}")
+    p50 = {ph.name: statistics.median(ph.latencies) if ph.latencies else float("nan") for ph in (answer, chat)}
+    ratio = p50["chat"] / p50["/v1/answer"]
+    print(f"p50 chat {p50['chat'] * 1000:.1f} ms / answer {p50['/v1/answer'] * 1000:.1f} ms: {ratio:.3f}x   "
+          f"errors: {errors}   target 0 errors and <= 1.10x: "
+          f"{'met' if errors == 0 and ratio <= 1.10 else 'NOT met'}")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -260,6 +297,8 @@ def main() -> None:
     ap.add_argument("--poison", choices=sorted(POISON_OUTPUTS), default=None,
                     help="measure how one pathological model output slows 10 normal requests (see above)")
     ap.add_argument("--poison-batches", type=int, default=5)
+    ap.add_argument("--compare-chat", action="store_true",
+                    help="the OpenAI chat route against /v1/answer, one request at a time (see above)")
     ap.add_argument("--serve-port", type=int, default=None, help=argparse.SUPPRESS)  # the server process
     args = ap.parse_args()
     if args.poison and not args.scripted:
@@ -297,6 +336,9 @@ def main() -> None:
             if args.poison:
                 print(f"poison: {args.poison} ({len(POISON_OUTPUTS[args.poison]):,} chars per step output)")
                 poison_comparison(url, bodies, args.poison_batches, timeout)
+                return
+            if args.compare_chat:
+                chat_comparison(url, bodies, timeout)
                 return
             before = httpx.get(url + "/v1/info", timeout=10).json()["batching"]
             conc = run_phase("concurrent", url, bodies, args.concurrency, args.phase_time_limit_s, timeout)

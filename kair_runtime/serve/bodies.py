@@ -138,8 +138,10 @@ def versions() -> dict[str, Optional[str]]:
             pass  # not installed: leave it out rather than report a guess
     return out
 
-def describe_validation(e: RequestValidationError) -> str:
-    """Pydantic's error list as one readable line: `question: Field required; top_k: ...`."""
+def describe_validation(e: RequestValidationError, fields: Optional[Any] = None,
+                        example: str = '{"question": "..."}') -> str:
+    """Pydantic's error list as one readable line: `question: Field required; top_k: ...`.
+    `fields`: the valid field names an unknown one is told about (default: AnswerRequest's)."""
     parts = []
     for err in e.errors():
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
@@ -148,10 +150,10 @@ def describe_validation(e: RequestValidationError) -> str:
         elif err.get("type") == "string_unicode":  # pydantic's word for a field *name* with a lone surrogate
             parts.append("a field name is not valid Unicode text (a lone surrogate escape); send UTF-8 text")
         elif not loc:  # the body as a whole: missing, or not an object (a list, a string, form data)
-            parts.append('the body must be a JSON object like {"question": "..."} sent with '
-                         "Content-Type: application/json")
+            parts.append(f"the body must be a JSON object like {example} sent with Content-Type: application/json")
         elif err.get("type") == "extra_forbidden":
-            parts.append(f"{'.'.join(loc)}: unknown field; valid fields: {', '.join(AnswerRequest.model_fields)}")
+            valid = AnswerRequest.model_fields if fields is None else fields
+            parts.append(f"{'.'.join(loc)}: unknown field; valid fields: {', '.join(valid)}")
         else:
             parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or "the body does not match the schema"

@@ -12,9 +12,11 @@ from __future__ import annotations
 from typing import Any, Awaitable, Callable, MutableMapping, Optional
 
 from fastapi import HTTPException
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 Message = MutableMapping[str, Any]
+# (path, status, detail, headers) -> the error response: each route family has its error shape.
+Render = Callable[[str, int, str, Optional[dict[str, str]]], Response]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
@@ -33,8 +35,10 @@ class BodyTooLarge(HTTPException):
 class BodyLimit:
     """ASGI middleware: HTTP request bodies over `max_bytes` get a 413 before they are read whole."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int):
+    def __init__(self, app: Callable[..., Awaitable[None]], max_bytes: int, render: Optional[Render] = None):
         self.app, self.max_bytes = app, max_bytes
+        self.render = render or (lambda path, status, detail, headers: JSONResponse(
+            {"detail": detail}, status_code=status, headers=headers))
 
     async def __call__(self, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -42,7 +46,7 @@ class BodyLimit:
             return
         declared = content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await reject(BodyTooLarge(self.max_bytes, declared), scope, receive, send)
+            await self.reject(BodyTooLarge(self.max_bytes, declared), scope, receive, send)
             return
 
         received = 0
@@ -68,7 +72,11 @@ class BodyLimit:
             # A route normally turns it into its 413 itself; this covers a body read elsewhere.
             if started:
                 raise
-            await reject(e, scope, receive, send)
+            await self.reject(e, scope, receive, send)
+
+    async def reject(self, e: BodyTooLarge, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
+        response = self.render(scope.get("path", ""), e.status_code, e.detail, e.headers)
+        await response(scope, receive, send)
 
 
 def content_length(scope: MutableMapping[str, Any]) -> Optional[int]:
@@ -80,7 +88,3 @@ def content_length(scope: MutableMapping[str, Any]) -> Optional[int]:
                 return None  # the server rejects a malformed header; the byte count still applies
     return None
 
-
-async def reject(e: BodyTooLarge, scope: MutableMapping[str, Any], receive: Receive, send: Send) -> None:
-    response = JSONResponse({"detail": e.detail}, status_code=e.status_code, headers=e.headers)
-    await response(scope, receive, send)

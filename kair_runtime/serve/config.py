@@ -35,6 +35,9 @@ class ServerConfig:
     # Index formats a request may ask for; empty means every registered format.
     index_formats: list[str] = field(default_factory=list)
     keepalive_s: float = 15.0  # a comment line on idle streams, so proxies keep them open
+    # GET /metrics without the API key, for a scraper on a private network; by default it needs
+    # the key like the /v1 routes (Prometheus sends it with `authorization: {credentials: KEY}`).
+    open_metrics: bool = False
 
     def validate(self, where: str = "server") -> None:
         # A limit at 0 would make every request fail; the error names the key instead.

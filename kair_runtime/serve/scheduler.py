@@ -89,7 +89,9 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, llm: LLM, retriever: Retriever, base: LoopConfig, *, max_batch: int = 64,
-                 batch_wait_ms: float = 5.0, max_queue: int = 1024):
+                 batch_wait_ms: float = 5.0, max_queue: int = 1024, on_round: Callable[[int], None] | None = None):
+        """`on_round(n)` is called on the worker thread before each round with the n questions it
+        advances (the server's batch-size metric)."""
         check_no_repeat_ngram(llm, base.no_repeat_ngram)  # at startup: loops are built per request later
         self.llm = llm
         self.retriever = retriever
@@ -97,6 +99,7 @@ class Scheduler:
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_ms / 1000.0
         self.stats = SchedulerStats()
+        self.on_round = on_round
         self._inbox: queue.Queue[Ticket] = queue.Queue(maxsize=max_queue)
         self._loops: dict[Settings, KairLoop] = {}
         self._stop = threading.Event()
@@ -153,6 +156,8 @@ class Scheduler:
                 continue
             self.stats.rounds += 1
             self.stats.max_in_flight = max(self.stats.max_in_flight, len(active))
+            if self.on_round is not None:
+                self.on_round(len(active))
             for settings, group in _group(active).items():
                 self._advance(settings, group)
             done = [f for f in active if f.state.answered]

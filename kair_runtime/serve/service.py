@@ -26,6 +26,7 @@ from kair_runtime.retrieval.base import Retriever
 from kair_runtime.runtime import build_llm, retriever_over
 from kair_runtime.serve.bodies import AnswerRequest, RequestError, answer_body, corpus_size, step_summary, versions
 from kair_runtime.serve.config import ServeConfig
+from kair_runtime.serve.metrics import Metrics
 from kair_runtime.serve.scheduler import Scheduler, SchedulerBusy, Settings, Ticket
 
 log = logging.getLogger("kair.serve")
@@ -45,6 +46,7 @@ class Service:
     retriever: Optional[Retriever] = None
     scheduler: Optional[Scheduler] = None
     load_s: Optional[float] = None
+    metrics: Metrics = field(default_factory=Metrics)
     _closing: threading.Event = field(default_factory=threading.Event)
 
     def load(self) -> None:
@@ -58,7 +60,8 @@ class Service:
             return
         s = self.cfg.server
         sched = Scheduler(llm, retriever, self.cfg.loop, max_batch=s.max_batch,
-                          batch_wait_ms=s.batch_wait_ms, max_queue=s.max_queue)
+                          batch_wait_ms=s.batch_wait_ms, max_queue=s.max_queue, on_round=self.metrics.round)
+        self.metrics.watch_queue(sched.queued)
         sched.start()
         self.llm, self.retriever, self.scheduler = llm, retriever, sched
         self.load_s = time.perf_counter() - t0
@@ -157,6 +160,8 @@ class Job:
         self.return_trace = req.return_trace
         self.timeout_s = service.cfg.server.request_timeout_s
         self.stream = stream
+        self._metrics = service.metrics
+        self._first_step = True
         self._bridge = bridge
         self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         try:
@@ -165,6 +170,11 @@ class Job:
             raise RequestError(503, str(e)) from None
 
     def _notify(self, kind: str, trace: Trace, step: Optional[Step]) -> None:
+        if step is not None and self._first_step:
+            self._first_step = False
+            self._metrics.first_step.observe(time.perf_counter() - self.started)
+        if kind == "answer":
+            self._metrics.answered(trace)
         if step is not None and not self.stream:
             return  # a plain request only needs the answer
         # Worker thread: build the step payload now, while the trace is exactly at this step.
