@@ -149,11 +149,18 @@ def _canonical(tag: str) -> str:
 # ---------------------------------------------------------------- the judgment
 #
 # A judgment is read clause by clause. A clause can say the knowledge is enough ("sufficient",
-# "enough", "adequate"), say it is not ("insufficient", "we still need more", "more evidence is
-# required"), or say either under a negation or a hedge. Stopping on a misread "not enough" ends
-# the search early, while continuing on a misread "enough" costs one retrieval, so any clause
-# that reads as insufficient decides, and a sufficiency word under any negation or hedge earlier
-# in its clause reads as insufficient.
+# "enough", "adequate") or that it is not ("insufficient", "we still need more", "more evidence is
+# required"). Stopping on a misread "not enough" ends the search early, while continuing on a
+# misread "enough" costs one retrieval, so any clause that reads as insufficient decides, and a
+# sufficiency word only means "enough" when nothing around it takes that back:
+#   - a negation or limitation anywhere in its clause, before the word or after it ("sufficient
+#     information has not been found", "sufficient for the first hop only", "sufficient to say we
+#     cannot answer yet"), unless that negation denies a need instead ("nothing is missing",
+#     "we do not need more");
+#   - a hedge or condition before it ("may be sufficient", "once we find the year it will be");
+#   - a later clause of its sentence that opens with a negation or a contrast and limits it
+#     ("Sufficient: no", "enough for the singer but not his birthplace");
+#   - a "No." answering a question about it ("Is the information sufficient? No.").
 
 # How much text a judgment is read from: a few sentences of a reasoning the prompts ask to keep
 # to one or two (step outputs are 256-512 tokens), so a runaway output costs no more to judge.
@@ -166,7 +173,9 @@ _JUDGMENT_ECHO = re.compile(rf"[\W_]*(?:{_EITHER})\s*(?:or|/|\|)\s*(?:{_EITHER})
 # Asides that would otherwise cut a negation off from its word ("do not, however, give enough").
 _ASIDE = re.compile(r",\s*(?:however|though|therefore|unfortunately|in fact|so far|currently|also)\s*,")
 _SENTENCE = re.compile(r"[^.!?;\n]+[.!?;\n]*")
-_CLAUSE_BREAK = re.compile(r"[,:(){}\[\]—–]|\s-\s|\b(?:but|however|although|though|whereas|while)\b")
+# Clause breaks, kept by the split (one group) so that a contrast can be told from a comma.
+_CONTRASTS = ("but", "however", "although", "though", "whereas", "while")
+_CLAUSE_BREAK = re.compile(r"([,:(){}\[\]—–]|\s-\s|\b(?:" + "|".join(_CONTRASTS) + r")\b)")
 _SUFFICIENT = re.compile(r"\b(?:sufficient(?:ly)?|enough|adequate(?:ly)?)\b")
 _INSUFFICIENT = re.compile(r"\b(?:insufficient(?:ly)?|inadequate(?:ly)?|not\s+yet|yet\s+to)\b")
 _NEED_MORE = re.compile(
@@ -188,13 +197,30 @@ _TERSE = re.compile(r"[\W_]*(yes|no)\b(?!\s+\w)")  # "Yes." / "No, the year is m
 # needed", "we do not need further searches", "nothing is missing").
 _NEGATION = re.compile(r"\b(?:not|no|never|nor|neither|nothing|none|without|hardly|barely|"
                        r"dont|doesnt|didnt|isnt|arent|wasnt|werent|havent|hasnt|wont)\b|n't\b")
-# Anything that, before a sufficiency word in its clause, means the knowledge is not (yet, or
-# surely) enough: negations, absence, failure, conditions and hedges.
-_UNSURE = re.compile(
-    _NEGATION.pattern + r"|\b(?:cannot|can\s+not|unable|lack(?:s|ed|ing)?|missing|fail(?:s|ed|ing)?\s+to|"
-    r"far\s+from|less\s+than|partially|partly|almost|nearly|may|might|would|possibly|perhaps|unclear|uncertain|"
-    r"whether|if|once|until|unless)\b"
+# Anywhere in a clause, these keep a sufficiency word in it from meaning "enough": negations, and
+# absence, failure and limits of scope or degree.
+_LIMIT = re.compile(
+    _NEGATION.pattern + r"|\b(?:cannot|can\s+not|unable|fail(?:s|ed|ing)?\s+to|lack(?:s|ed|ing)?|missing|absent|"
+    r"unknown|unclear|uncertain|unavailable|unanswered|unconfirmed|unverified|only|partial(?:ly)?|partly|"
+    r"incomplete(?:ly)?|yet|except|excluding|apart\s+from|part\s+of|(?:first|one|single)\s+(?:hop|step)|"
+    r"far\s+from|less\s+than|almost|nearly)\b"
 )
+# Hedges and conditions count only before the word ("may be sufficient", "if we knew the year, it
+# would be sufficient"): after it they usually say what the knowledge decides ("enough to tell
+# whether he was born there").
+_HEDGE = re.compile(r"\b(?:may|might|would|possibly|perhaps|whether|if|once|until|unless)\b")
+# A negation that denies a need or a gap affirms the knowledge ("no further search", "no doubt",
+# "not only", "do not need", "nothing is missing", "no passage is lacking"): what may follow it,
+# right away or after at most two words. Bounded and over disjoint classes, so linear.
+_DENIED_NEED = re.compile(
+    r"[^\w'.!?;]*(?:(?:any|an?|the)\s+)?(?:more|further|additional|other|else|extra|only|just|merely|"
+    r"doubts?|question|ambiguity|gaps?|conflicts?|contradictions?|problems?|issues?)\b"
+    r"|(?:[^\w'.!?;]+[\w']+){0,2}?[^\w'.!?;]+(?:need(?:s|ed|ing)?|requir(?:e|es|ed|ing)|necessary|missing|"
+    r"lack(?:s|ing)?|absent|left|remain(?:s|ing)?|unknown|unclear|uncertain)\b"
+)
+# How a later clause that takes a sufficiency claim back opens ("Sufficient: no", "enough for the
+# singer, not his birthplace", "sufficient, yet the year is missing").
+_TAKE_BACK = re.compile(r"[^\w']*(?:not|no|none|never|neither|nor|without|yet|except|only)\b")
 
 
 def parse_judgment(text: str, statement: bool = False) -> str | None:
@@ -219,20 +245,38 @@ def _judge(text: str, statement: bool) -> str | None:
     if _JUDGMENT_ECHO.fullmatch(text):
         return None
     sufficient = False
+    asked = False  # the previous sentence asked whether the knowledge is enough
     for sentence in _SENTENCE.finditer(text):
         sentence = sentence.group()
         if sentence.rstrip().endswith("?"):
-            continue  # "Is the year given?" asserts nothing
-        if statement and (terse := _TERSE.match(sentence)):
-            if terse.group(1) == "no":
-                return "insufficient"
-            sufficient = True
-        for clause in _CLAUSE_BREAK.split(sentence):
-            verdict = _judge_clause(clause, statement)
-            if verdict == "insufficient":
-                return verdict
-            sufficient = sufficient or verdict == "sufficient"
+            # "Is the year given?" asserts nothing, but a terse answer may follow it.
+            asked = _judge_sentence(sentence, statement, False) == "sufficient"
+            continue
+        verdict = _judge_sentence(sentence, statement, asked)
+        asked = False
+        if verdict == "insufficient":
+            return verdict
+        sufficient = sufficient or verdict == "sufficient"
     return "sufficient" if sufficient else None
+
+
+def _judge_sentence(sentence: str, statement: bool, answers: bool) -> str | None:
+    """`answers` says the sentence follows a question whether the knowledge is enough, so a terse
+    "Yes."/"No." answers it, as it does wherever the text is the judgment itself."""
+    claimed = False  # a clause so far said "enough"; a later one may take it back
+    if (statement or answers) and (terse := _TERSE.match(sentence)):
+        if terse.group(1) == "no":
+            return "insufficient"
+        claimed = True
+    pieces = _CLAUSE_BREAK.split(sentence)  # clause, break, clause, break, ...
+    for brk, clause in zip([""] + pieces[1::2], pieces[::2]):
+        if claimed and (brk in _CONTRASTS or _TAKE_BACK.match(clause)) and _limited(clause):
+            return "insufficient"
+        verdict = _judge_clause(clause, statement)
+        if verdict == "insufficient":
+            return verdict
+        claimed = claimed or verdict == "sufficient"
+    return "sufficient" if claimed else None
 
 
 def _judge_clause(clause: str, statement: bool) -> str | None:
@@ -246,13 +290,29 @@ def _judge_clause(clause: str, statement: bool) -> str | None:
             if not _negated_just_before(clause, m.start()):
                 return "insufficient"
             found = "sufficient"  # "no more is needed"
-    unsure = _UNSURE.search(clause)
+    hedge = _HEDGE.search(clause)
+    limited = None  # read once, and only for a clause that claims enough
     for cue in positives:
         for m in cue.finditer(clause):
-            if unsure and unsure.start() < m.start():
+            if limited is None:
+                limited = _limited(clause)
+            if limited or (hedge and hedge.start() < m.start()):
                 return "insufficient"
             found = "sufficient"
     return found
+
+
+def _limited(clause: str) -> bool:
+    """Whether the clause holds a negation or limitation that is not itself denied: a negation
+    followed by a need ("no further search is needed"), or a gap word under a negation ("nothing
+    is missing") affirms rather than limits."""
+    for m in _LIMIT.finditer(clause):
+        if _NEGATION.fullmatch(m.group()):
+            if not _DENIED_NEED.match(clause, m.end()):
+                return True
+        elif not _negated_just_before(clause, m.start()):
+            return True
+    return False
 
 
 def _negated_just_before(clause: str, at: int) -> bool:

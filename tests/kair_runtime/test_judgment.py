@@ -5,6 +5,8 @@ nothing is None, and the step records it as a repair instead of stopping."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kair_runtime.index import empty_index
@@ -31,6 +33,29 @@ SUFFICIENT = [
     "The first document alone was insufficient, but the second gives the year. Judgment: sufficient",
     "Is the information sufficient? Judgment: yes",
     "Judgment:\nThe information is sufficient.",
+    # Issue 29: a negation or limit near the word that denies a need or a gap, not the knowledge.
+    "Nothing is missing; the knowledge is sufficient.",
+    "The information is sufficient and nothing is missing.",
+    "The retrieved passages are sufficient to answer: yes",
+    "The documents provide enough information, so no further search is needed.",
+    "We have enough information and do not need to search further.",
+    "We don't need more searching since the information is sufficient.",
+    "No further search is needed because the information is sufficient.",
+    "The knowledge is sufficient without any further retrieval.",
+    "There is no doubt the information is sufficient.",
+    "The passages are sufficient with no ambiguity about the birthplace.",
+    "The evidence is not only sufficient but conclusive.",
+    "The documents provide enough detail, and no information is missing.",
+    "The information is adequate; nothing remains unknown.",
+    "Judgment: sufficient (no further query needed)",
+    "Judgment: Sufficient - nothing else is required.",
+    "Although the first passage lacks the year, the second is sufficient.",
+    "The information is sufficient to determine whether he was born in Bergen.",
+    "The information is sufficient: Maren Volk was born in Bergen.",
+    "Sufficient information is now available.",
+    "The documents are sufficient for both hops.",
+    "Is the information sufficient? Yes.",
+    "Sufficient? Yes, both hops are covered.",
 ]
 INSUFFICIENT = [
     "insufficient",
@@ -66,6 +91,44 @@ INSUFFICIENT = [
     "Judgment: insufficient (we have yet to find the year, which is not enough)",
     "Judgment: NOT SUFFICIENT",
     "If we knew the year, the information would be sufficient.",
+    # Issue 29: the negation or limit after the sufficiency word, or in a later clause.
+    "Sufficient information has not been found.",
+    "Sufficient information is not available yet.",
+    "Enough information is not provided.",
+    "Sufficient information was not found in the passages.",
+    "Enough evidence has never been given for the birthplace.",
+    "Sufficient information cannot be found in these documents.",
+    "Sufficient information is missing.",
+    "Sufficient information is lacking.",
+    "Enough detail is unavailable.",
+    "Judgment: Enough information is not available.",
+    "The information is no longer sufficient.",
+    "Sufficient: no.",
+    "Judgment: Sufficient: no",
+    "Sufficient - no.",
+    "Sufficient evidence: none.",
+    "Sufficient (not really).",
+    "The retrieved passages are sufficient to answer: no",
+    "We have enough to identify the singer but not his birthplace.",
+    "Enough, but not for the birthplace.",
+    "We have enough for the singer, not for his birthplace.",
+    "Enough is known about the singer but nothing about his birthplace.",
+    "The documents give enough detail about the band, but the year is missing.",
+    "The information is sufficient, although the birthplace is unknown.",
+    "The passages are sufficient, yet the birthplace is not mentioned.",
+    "We have adequate information, however the birthplace is not given.",
+    "The knowledge is sufficient for the first hop only; the birthplace is not mentioned.",
+    "The information is sufficient only for the first hop.",
+    "Judgment: sufficient for the singer only",
+    "Sufficient for the first hop.",
+    "The documents are sufficient for part of the question.",
+    "The passages are sufficient partially.",
+    "The information is sufficient except for the birthplace.",
+    "The information is sufficient to say we cannot answer yet.",
+    "The passages give enough to say the answer is unknown.",
+    "Is the information sufficient? No.",
+    "Sufficient? No, the birthplace is missing.",
+    "Enough information? No.",
 ]
 UNDECIDED = [
     "",
@@ -74,6 +137,9 @@ UNDECIDED = [
     "Judgment: sufficient/insufficient",
     "Is the information sufficient?",
     "Judgment: see above",
+    "Judgment: not sure",
+    "The birthplace is not mentioned.",  # a negation with no sufficiency word decides nothing
+    "Is the information sufficient? The band formed in 1987.",  # no answer to the question
 ]
 
 
@@ -111,6 +177,34 @@ def test_a_negated_judgment_keeps_the_loop_searching(text):
     raw = f"<index>\nKeywords: The Glass Herons\n</index>\n<reasoning>{text}</reasoning>\n<query>Glass Herons founded</query>"
     p = parse_step_output(raw, "kr", empty_index("kr"), "q0")
     assert p.judgment == "insufficient" and p.next_query == "Glass Herons founded" and p.fallbacks == []
+
+
+@pytest.mark.parametrize("judgment,expected", [
+    ("Sufficient information has not been found.", "insufficient"),
+    ("Sufficient: no", "insufficient"),
+    ("We have enough to identify the singer but not his birthplace.", "insufficient"),
+    ("Nothing is missing; the knowledge is sufficient.", "sufficient"),
+])
+def test_negation_after_the_word_decides_the_step(judgment, expected):
+    # Both places a judgment is written: the reasoning's last line, and a <judgment> section.
+    for raw in (f"<index>\nKeywords: Maren Volk\n</index>\n<reasoning>{judgment}</reasoning>\n<query>Maren Volk born</query>",
+                f"<reasoning>Maren Volk sings.</reasoning><judgment>{judgment}</judgment><query>Maren Volk born</query>"):
+        p = parse_step_output(raw, "kr", empty_index("kr"), "q0")
+        assert p.judgment == expected
+        assert p.next_query == ("Maren Volk born" if expected == "insufficient" else None)
+        assert "judgment_unclear" not in p.fallbacks and "judgment_missing" not in p.fallbacks
+
+
+@pytest.mark.parametrize("unit", ["sufficient, no ", "enough but not ", "no further ", "sufficient? no. ",
+                                  "sufficient nothing is ", "not " + " " * 300, "only yet "])
+def test_judging_repeated_negations_stays_linear(unit):
+    # The negation reading runs over a whole window of hostile text; a super-linear pattern here
+    # would take seconds, one parse takes milliseconds.
+    text = unit * (1_000_000 // len(unit))
+    t0 = time.perf_counter()
+    for statement in (False, True):
+        assert parse_judgment(text, statement) in {"sufficient", "insufficient", None}
+    assert time.perf_counter() - t0 < 5.0
 
 
 @pytest.mark.parametrize("reasoning,fallback", [
