@@ -26,7 +26,7 @@ from data_gen.store import read_trajectories
 from data_gen.teacher import GenerateConfig, generate
 from eval.specs import TrainSet, dataset_entries
 from kair_runtime.config import ConfigError, load_config
-from kair_runtime.errors import USER_ERRORS
+from kair_runtime.errors import USER_ERRORS, os_error_line
 
 datagen_app = typer.Typer(help="Distillation data: teacher trajectories, filtering, SFT examples, silver data.",
                           no_args_is_help=True, pretty_exceptions_enable=False)
@@ -40,12 +40,17 @@ def datasets_flag(arg: str | None) -> list[dict] | None:
     return None if arg is None else dataset_entries(arg, TrainSet)
 
 
-def _fail(e: Exception) -> None:
+def _fail(e: Exception | str) -> None:
     # Every datagen command catches ValueError on top of USER_ERRORS: its inputs are the user's own
     # trajectory files, so a bad value read from one is the user's to fix, and to-sft's SFTError
     # (trajectories made with other prompts, nothing left to convert) is a plain ValueError.
     typer.echo(f"error: {e}", err=True)
     raise typer.Exit(2)
+
+
+def _fail_output(e: OSError, out: str | None) -> None:
+    # An output folder the OS refuses (a file in its place, read-only, a full disk), named as --out.
+    _fail(os_error_line(e, out, "--out") if out else e)
 
 
 @datagen_app.command("generate")
@@ -93,6 +98,7 @@ def filter_cmd(
     dedupe_paths: Optional[bool] = typer.Option(None, "--dedupe-paths", help="One per question and retrieval path."),
 ) -> None:
     """Keep correct, well-formed trajectories; print and write a report."""
+    cfg = None
     try:
         cfg = load_config(FilterConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "min_f1": min_f1,
                                                 "best_k": best_k, "max_step_tokens": max_step_tokens,
@@ -100,6 +106,8 @@ def filter_cmd(
         report = run_filter(cfg)
     except (*USER_ERRORS, ValueError) as e:
         _fail(e)
+    except OSError as e:
+        _fail_output(e, cfg and cfg.out_dir)
     print_report(report)
     typer.echo(f"kept.jsonl, report.json, report.md -> {cfg.out_dir}")
 
@@ -115,6 +123,7 @@ def to_sft_cmd(
     prompt_source: Optional[str] = typer.Option(None, help="canonical | recorded"),
 ) -> None:
     """Turn trajectories into chat examples: messages jsonl, a DatasetDict and a dataset card."""
+    cfg = None
     try:
         cfg = load_config(SFTDataConfig, config, set_, {"trajectories": trajectories, "out_dir": out, "seed": seed,
                                                  "validation_fraction": validation_fraction,
@@ -122,6 +131,8 @@ def to_sft_cmd(
         stats = build_sft(cfg)
     except (*USER_ERRORS, ValueError) as e:
         _fail(e)
+    except OSError as e:
+        _fail_output(e, cfg and cfg.out_dir)
     for name, sp in stats["splits"].items():
         typer.echo(f"{name}: {sp['examples']} examples from {sp['questions']} questions {sp['by_kind']}")
     if stats["skipped_not_reproducible"]:

@@ -28,9 +28,10 @@ from typing import Any
 from data_gen.store import read_trajectories
 from eval.metrics import score
 from eval.table import Column, Table, counts_table
-from kair_runtime.config import ConfigError
+from kair_runtime.config import AT_LEAST_1, ConfigError, Range, check_ranges
 from kair_runtime.index import index_size
-from kair_runtime.jsonl import JsonlWriter, atomic_write_text
+from kair_runtime.jsonl import atomic_write_jsonl, atomic_write_text
+from kair_runtime.rundir import replaced_folder
 from kair_runtime.records import FORMAT_FALLBACKS, Trace
 
 F1_BINS = 10
@@ -50,6 +51,11 @@ class FilterConfig:
     # recorded budget (extra.sampling.step_max_tokens); a trajectory without one is not checked.
     max_step_tokens: int | None = None
     require_sufficient: bool = False  # also drop trajectories that ran out of steps
+
+    def validate(self, where: str = "") -> None:
+        # min_f1 outside [0, 1] (or NaN, which no F1 is >=) would keep all or nothing without a word.
+        check_ranges(self, {"min_f1": Range(low=0, high=1), "best_k": AT_LEAST_1, "max_step_tokens": AT_LEAST_1},
+                     where)
 
 
 @dataclass
@@ -133,8 +139,7 @@ def run_filter(cfg: FilterConfig, traces: list[Trace] | None = None) -> dict[str
         if not cfg.trajectories:
             raise ConfigError("no trajectories to filter: pass TRAJ_DIR or set `trajectories`")
         traces = [t for path in (*cfg.merge_with, cfg.trajectories) for t in read_trajectories(path)]
-    if cfg.best_k is not None and cfg.best_k < 1:
-        raise ConfigError(f"best_k must be >= 1, got {cfg.best_k}")
+    cfg.validate()  # also a config built in code (the demo's), which from_dict did not check
     verdicts = [judge(t, cfg) for t in traces]
     kept = [v for v in verdicts if v.ok]
     if cfg.dedupe_paths:
@@ -145,16 +150,12 @@ def run_filter(cfg: FilterConfig, traces: list[Trace] | None = None) -> dict[str
         kept, surplus = best_k(kept, cfg.best_k)
         for v in surplus:
             v.reasons.append("best_k")
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".kept.jsonl.tmp"
-    tmp.unlink(missing_ok=True)
-    with JsonlWriter(tmp) as w:
-        w.write(v.trace.to_dict() for v in kept)
-    tmp.replace(out / "kept.jsonl")
     report = build_report(verdicts, kept, cfg)
-    atomic_write_text(out / "report.json", json.dumps(report, indent=2, ensure_ascii=False))
-    atomic_write_text(out / "report.md", report_markdown(report))
+    # kept.jsonl and its report agree after a kill at any point: the folder is replaced whole.
+    with replaced_folder(cfg.out_dir, "report.json") as out:
+        atomic_write_jsonl(out / "kept.jsonl", (v.trace.to_dict() for v in kept))
+        atomic_write_text(out / "report.json", json.dumps(report, indent=2, ensure_ascii=False))
+        atomic_write_text(out / "report.md", report_markdown(report))
     return report
 
 

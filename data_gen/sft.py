@@ -41,9 +41,10 @@ from typing import Any
 
 from data_gen.store import read_trajectories, source_key, trajectory_files
 from eval.table import Column, Table, counts_table
-from kair_runtime.config import ConfigError, RuntimeConfig
+from kair_runtime.config import ConfigError, Range, RuntimeConfig, check_range, check_ranges
 from kair_runtime.index import empty_index
-from kair_runtime.jsonl import atomic_write_text
+from kair_runtime.jsonl import atomic_write_jsonl, atomic_write_text
+from kair_runtime.rundir import replaced_folder
 from kair_runtime.output_format import render_step_output
 from kair_runtime.parser import JUDGMENT_WORD, parse_step_output
 from kair_runtime.prompts import PromptSet
@@ -66,6 +67,19 @@ class SFTDataConfig:
     prompt_source: str = "canonical"  # canonical | recorded
     check_recorded: bool = True
     include_answer: bool = True
+
+    def validate(self, where: str = "") -> None:
+        check_ranges(self, {"validation_fraction": HELD_OUT}, where)
+        # Any other word would silently convert as "canonical" and be recorded as given.
+        check_prompt_source(self.prompt_source, f"{where}.prompt_source" if where else "prompt_source")
+
+
+HELD_OUT = Range(low=0, high=1, high_open=True)  # validation_fraction: 1 would leave nothing to train on
+
+
+def check_prompt_source(source: str, key: str = "prompt_source") -> None:
+    if source not in PROMPT_SOURCES:
+        raise ConfigError(f"{key}={source!r} is not one of {', '.join(PROMPT_SOURCES)}")
 
 
 class SFTError(ValueError):
@@ -117,8 +131,7 @@ def rebuild_prompts(trace: Trace, prompts: PromptSet, answer_mode: str,
     """Every step prompt and the answer prompt, rendered from the trace's contents as the loop
     renders them. source "recorded" feeds each update prompt the reasoning the trace recorded;
     "canonical" the reasoning the loop records for the canonical form of that step's output."""
-    if source not in PROMPT_SOURCES:
-        raise ConfigError(f"prompt_source must be one of {PROMPT_SOURCES}, not {source!r}")
+    check_prompt_source(source)
     q0 = trace.question.question
     out: list[list[Message]] = []
     for i, st in enumerate(trace.steps):
@@ -194,8 +207,7 @@ def example_row(ex: SFTExample) -> dict[str, Any]:
 def split_questions(ids: list[str], fraction: float, seed: int) -> set[str]:
     """The validation question ids: a seeded shuffle of the sorted ids, so the split does not
     depend on file order. At least one question when fraction > 0 and there are two or more."""
-    if not 0 <= fraction < 1:
-        raise ConfigError(f"validation_fraction must be in [0, 1), got {fraction}")
+    check_range(fraction, HELD_OUT, "validation_fraction")
     unique = sorted(set(ids))
     random.Random(seed).shuffle(unique)
     n = round(fraction * len(unique))
@@ -227,18 +239,18 @@ def build_sft(cfg: SFTDataConfig, traces: list[Trace] | None = None) -> dict[str
     val_ids = split_questions([t.question.id for t in used], cfg.validation_fraction, cfg.seed)
     splits = {"train": [r for r in rows if r["question_id"] not in val_ids],
               "validation": [r for r in rows if r["question_id"] in val_ids]}
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, split_rows in splits.items():
-        with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in split_rows)
-    train = Dataset.from_list(splits["train"])
-    val = Dataset.from_list(splits["validation"], features=train.features)
-    DatasetDict({"train": train, "validation": val}).save_to_disk(str(out / "dataset"))
     stats = sft_stats(used, splits, cfg, filter_report(cfg.trajectories), sorted({p.version for p in cache.values()}))
     stats["skipped_not_reproducible"] = skipped
-    atomic_write_text(out / "stats.json", json.dumps(stats, indent=2, ensure_ascii=False))
-    atomic_write_text(out / "README.md", dataset_card(stats))
+    # The jsonl files, the dataset and the card agree after a kill at any point: the folder is
+    # built beside the old one and replaces it whole.
+    with replaced_folder(cfg.out_dir, "stats.json") as out:
+        for name, split_rows in splits.items():
+            atomic_write_jsonl(out / f"{name}.jsonl", split_rows)
+        train = Dataset.from_list(splits["train"])
+        val = Dataset.from_list(splits["validation"], features=train.features)
+        DatasetDict({"train": train, "validation": val}).save_to_disk(str(out / "dataset"))
+        atomic_write_text(out / "stats.json", json.dumps(stats, indent=2, ensure_ascii=False))
+        atomic_write_text(out / "README.md", dataset_card(stats))
     return stats
 
 

@@ -27,13 +27,14 @@ from data_gen.chains import CHAINS, GoldDocs, Hop, clean_part, entity_of, fact_w
 from data_gen.store import DataSpec, load_questions, retriever_config_for, shard_path, without_context
 from kair_runtime.config import ConfigError, RuntimeConfig
 from kair_runtime.index import get_format, norm_key
-from kair_runtime.jsonl import JsonlWriter, atomic_write_text
+from kair_runtime.jsonl import atomic_write_jsonl, atomic_write_text
 from kair_runtime.llm.base import Completion, SamplingParams
 from kair_runtime.loop import STEP, KairLoop, QuestionState
 from kair_runtime.output_format import render_step_output
 from kair_runtime.prompts import PromptSet
 from kair_runtime.records import Index, Message, Question, ScoredPassage, Trace
 from kair_runtime.retrieval.base import Retriever
+from kair_runtime.rundir import hold
 
 SOURCE = "annotations"
 
@@ -249,18 +250,14 @@ def silver(cfg: SilverConfig, retriever: Retriever | None = None) -> tuple[Path,
     from kair_runtime.runtime import build_retriever
 
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     questions = load_questions(cfg.datasets)
-    rc, passages = retriever_config_for(cfg, out)  # gold paragraphs map into these passages
-    traces = run_silver(questions, retriever or build_retriever(rc), cfg.runtime, passages)
-    path = shard_path(out, 0, 1)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    with JsonlWriter(tmp) as w:
-        w.write(t.to_dict() for t in traces)
-    tmp.replace(path)
-    atomic_write_text(out / "stats.json", json.dumps({"datasets": silver_counts(traces), "trajectories": len(traces)},
-                                                     indent=2) + "\n")
+    with hold(out):
+        rc, passages = retriever_config_for(cfg, out)  # gold paragraphs map into these passages
+        traces = run_silver(questions, retriever or build_retriever(rc), cfg.runtime, passages)
+        path = shard_path(out, 0, 1)
+        atomic_write_jsonl(path, (t.to_dict() for t in traces))
+        atomic_write_text(out / "stats.json", json.dumps({"datasets": silver_counts(traces),
+                                                          "trajectories": len(traces)}, indent=2) + "\n")
     return path, traces
 
 

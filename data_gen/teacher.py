@@ -36,7 +36,7 @@ from kair_runtime.jsonl import JsonlWriter, recover, replace_records
 from kair_runtime.llm.base import LLM
 from kair_runtime.records import Question, Trace
 from kair_runtime.retrieval.base import Retriever
-from kair_runtime.rundir import claim
+from kair_runtime.rundir import claim, hold
 from kair_runtime.loop import KairLoop
 from kair_runtime.runtime import build_loop
 
@@ -124,17 +124,25 @@ def generate(cfg: GenerateConfig, llm: LLM | None = None, retriever: Retriever |
     retry_failed also those recorded with an error. `llm` and `retriever` default to the ones the
     config names (tests pass small real ones); `questions` replaces the ones cfg.datasets would
     load (`kair demo` passes its own)."""
-    from kair_runtime.llm import close_llm
-    from kair_runtime.runtime import build_llm, build_retriever
-
     out_dir = Path(cfg.out_dir)
     samples = sample_grid(cfg.sampling)
     questions = questions if questions is not None else load_questions(cfg.datasets)
     questions = [without_context(q) for q in shard_questions(questions, cfg.shard, cfg.num_shards)]
+    path = shard_path(out_dir, cfg.shard, cfg.num_shards)
+    # Shards of one generation write the folder side by side: each holds its own part.
+    with hold(out_dir, part=path.stem):
+        return _generate_held(cfg, llm, retriever, progress, questions, retry_failed, out_dir, samples, path)
+
+
+def _generate_held(cfg: GenerateConfig, llm: LLM | None, retriever: Retriever | None, progress: bool,
+                   questions: list[Question], retry_failed: bool, out_dir: Path, samples: list, path: Path
+                   ) -> GenerateResult:
+    from kair_runtime.llm import close_llm
+    from kair_runtime.runtime import build_llm, build_retriever
+
     # out_dir names the folder, not its records: a moved or copied folder resumes.
     claim(out_dir, resolved_for_claim(cfg), GenerateConfig, neutral=("out_dir",),
           hint="use another out_dir or delete the folder")
-    path = shard_path(out_dir, cfg.shard, cfg.num_shards)
     existing = existing_trajectories(path, questions, samples)
     failed = {key for key, ok in existing.items() if not ok}
     total = len(questions) * len(samples)

@@ -12,7 +12,7 @@ import typer
 
 from eval.corpus import build_corpus
 from eval.specs import parse_dataset_arg
-from kair_runtime.errors import USER_ERRORS
+from kair_runtime.errors import USER_ERRORS, os_error_line
 
 corpus_app = typer.Typer(help="Build closed retrieval corpora from benchmark paragraphs.", no_args_is_help=True)
 
@@ -40,6 +40,9 @@ def build(
         stats = build_corpus(sources, extra, out)
     except (*USER_ERRORS, ValueError) as e:  # + a loader's ValueError on a malformed input file
         typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    except OSError as e:  # --out a folder, under a file, read-only or on a full disk
+        typer.echo(f"error: {os_error_line(e, out, '--out')}", err=True)
         raise typer.Exit(2)
     for label, n in stats.sources.items():
         typer.echo(f"  {label}: {n} paragraphs")

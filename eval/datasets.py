@@ -22,7 +22,8 @@ keeps the gold annotations in `metadata`, under the same keys for every benchmar
 A malformed record raises `DatasetError` naming the file and line (record index for a JSON
 array); with `skip_malformed=True` it is skipped and listed in `LoadResult.skipped`.
 A Bamboogle record without `idx` gets its 1-based position in the file as id. A record with keys of
-another benchmark's schema (`SIGNATURES`) is malformed: the file was named as the wrong benchmark.
+another benchmark's schema (`SIGNATURES`) is malformed: the file was named as the wrong benchmark,
+and so is one whose question is blank or not text (records.question_problem) or that has no gold answer.
 Two records with one id, or a file with no question, raise `DatasetError` (even in skip mode).
 
 `hub=True` (needs internet) reads hub copies instead: hotpotqa/hotpot_qa (distractor) and
@@ -42,7 +43,7 @@ from typing import Any, Callable, Iterator
 
 from kair_runtime.errors import UserError
 from kair_runtime.jsonl import BadLine, JsonlError, iter_json_records as read_json_records
-from kair_runtime.records import Question
+from kair_runtime.records import Question, question_problem
 
 log = logging.getLogger(__name__)
 
@@ -370,6 +371,9 @@ def read_questions(name: str, records: Iterator[tuple[str, Any]], skip_malformed
             q = parse(rec, pos)
             if not q.answers or not any(a.strip() for a in q.answers):
                 raise MalformedRecord("no non-empty gold answer")
+            problem = question_problem(q.question)
+            if problem:
+                raise MalformedRecord(f"the question {problem}")
         except MalformedRecord as e:
             if not skip_malformed:
                 raise DatasetError(f"{where}: malformed {spec.name} record: {e}") from None

@@ -37,12 +37,12 @@ from eval.report import markdown_report, results_table, summarize, write_plots
 from eval.specs import DatasetSpec, dataset_entries
 from eval.table import Column, Table
 from kair_runtime.config import ConfigError, RuntimeConfig, config_data, from_dict, to_dict
-from kair_runtime.errors import USER_ERRORS
-from kair_runtime.jsonl import JsonlWriter, atomic_write_text, recover, replace_records
+from kair_runtime.errors import USER_ERRORS, os_error_line
+from kair_runtime.jsonl import JsonlError, JsonlWriter, atomic_write_text, read_json, recover, replace_records
 from kair_runtime.llm import AdapterSwitcher
 from kair_runtime.records import Question, ScoredPassage, Trace
 from kair_runtime.retrieval import Retriever
-from kair_runtime.rundir import claim
+from kair_runtime.rundir import claim, hold
 from kair_runtime.runtime import retrievers_over
 
 
@@ -77,6 +77,18 @@ class EvalConfig:
     skip_malformed: bool = False  # count and report malformed dataset records instead of failing
     baselines: BaselineConfig = field(default_factory=BaselineConfig)
     robustness: RobustnessConfig = field(default_factory=RobustnessConfig)
+
+    def validate(self, where: str = "") -> None:
+        if self.run_name is not None:
+            check_run_name(self.run_name, f"{where}.run_name" if where else "run_name")
+
+
+def check_run_name(name: str, key: str = "run_name") -> None:
+    """A run name is one folder directly under out_dir: `../x` or `/tmp/x` would write the run
+    somewhere the user did not point --out-dir at, and `a/b` would nest runs in one another."""
+    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ConfigError(f"{key}={name!r} must be a single folder name inside out_dir "
+                          "(no '/', no '..', not empty or absolute)")
 
 
 # ---------------------------------------------------------------- models, data, retrievers
@@ -207,7 +219,13 @@ def run_eval(cfg: EvalConfig, run_dir: Path, progress: bool = True, retry_failed
     check_eval_config(cfg)
     # Every dataset is read before the run folder is claimed: a bad file leaves nothing behind.
     loaded = [(spec, *load_questions(spec, cfg)) for spec in cfg.datasets]
-    _claim_run_dir(run_dir, cfg)
+    with hold(run_dir):  # one writer per run folder
+        _claim_run_dir(run_dir, cfg)
+        return _run_claimed(cfg, run_dir, loaded, progress, retry_failed)
+
+
+def _run_claimed(cfg: EvalConfig, run_dir: Path, loaded: list, progress: bool, retry_failed: bool) -> list[dict]:
+    from tqdm import tqdm
 
     data = []
     built = retrievers_for([spec for spec, _, _ in loaded], cfg, run_dir)
@@ -351,6 +369,7 @@ def main(
     if config is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
+    run_dir = None
     try:
         cfg = load_eval_config(config, set_, model=model, adapter=adapter, checkpoints=checkpoints,
                                datasets=datasets, methods=methods, limit=limit, run_name=run_name, out_dir=out_dir)
@@ -359,6 +378,9 @@ def main(
     except USER_ERRORS as e:
         message = e.args[0] if isinstance(e, KeyError) and e.args else e
         typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(2)
+    except OSError as e:  # the run folder full, read-only or not a folder (resuming later is safe)
+        typer.echo(f"error: {e if run_dir is None else os_error_line(e, run_dir, 'run folder')}", err=True)
         raise typer.Exit(2)
     datasets_seen = list(dict.fromkeys(r["dataset"] for r in rows))
     typer.echo(results_table(rows, datasets_seen))
@@ -399,7 +421,21 @@ def compare(runs: list[str] = typer.Argument(..., help="Run folders to put in on
         if not path.exists():
             typer.echo(f"error: {path} not found (is {run} a finished eval run?)", err=True)
             raise typer.Exit(2)
-        for r in json.loads(path.read_text(encoding="utf-8")):
-            rows.append({**r, "model": f"{Path(run).name}: {r['model']}"})
+        try:
+            summary = read_summary(path)
+        except USER_ERRORS as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2)
+        rows += [{**r, "model": f"{Path(run).name}: {r['model']}"} for r in summary]
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     typer.echo(results_table(rows, datasets))
+
+
+def read_summary(path: Path) -> list[dict]:
+    """A run's summary.json as write_reports wrote it; anything else (a torn or hand-edited file)
+    is a JsonlError naming the file."""
+    rows = read_json(path)
+    keys = ("model", "dataset", "method", "summary")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and all(k in r for k in keys) for r in rows):
+        raise JsonlError(f"{path}: not a kair eval summary (a list of {{{', '.join(keys)}}} rows)")
+    return rows

@@ -86,9 +86,13 @@ def ask(
 ) -> None:
     """Answer one question with the KAIR loop and show each step."""
     from kair_runtime.llm import close_llm
-    from kair_runtime.records import Question
+    from kair_runtime.records import Question, question_problem
     from kair_runtime.runtime import loop_from_config
 
+    problem = question_problem(question)
+    if problem:  # before the model loads
+        typer.echo(f"error: the question {problem}", err=True)
+        raise typer.Exit(2)
     try:
         cfg = runtime_config(config, set_, backend=backend, model=model, adapter=adapter, base_url=base_url,
                              retriever=retriever, index_dir=index_dir, corpus=corpus, encoder=encoder,

@@ -161,43 +161,53 @@ class RuntimeConfig:
 
 @dataclass(frozen=True)
 class Range:
-    """The values a numeric config field allows: low <= v (low < v when low_open) and v <= high."""
+    """The values a numeric config field allows: low <= v (low < v when low_open) and v <= high
+    (v < high when high_open); never NaN or an infinity."""
 
     low: float | None = None
     high: float | None = None
     low_open: bool = False
+    high_open: bool = False
 
     def allows(self, value: float) -> bool:
+        if not math.isfinite(value):  # NaN passes no comparison below, so it would pass them all
+            return False
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
-        return self.high is None or value <= self.high
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
     def __str__(self) -> str:
         low = None if self.low is None else f"{'>' if self.low_open else '>='} {self.low:g}"
         if self.high is None:
             return low or "a finite number"
         if self.low is None:
-            return f"<= {self.high:g}"
-        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+            return f"{'<' if self.high_open else '<='} {self.high:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
 
 
 def check_ranges(cfg: Any, ranges: dict[str, Range], where: str) -> None:
     """Raise a one-line ConfigError naming the first field of `cfg` outside its range.
     A None value is the field's "unset" (an optional field) and is not checked."""
     for name, allowed in ranges.items():
-        value = getattr(cfg, name)
-        if value is None:
-            continue
-        if not math.isfinite(value):  # .nan passes no comparison; .inf is never a meant setting
-            raise ConfigError(f"{_dotted(where, name)}={value!r} is not a finite number; allowed: {allowed}")
-        if not allowed.allows(value):
-            raise ConfigError(f"{_dotted(where, name)}={value!r} is out of range; allowed: {allowed}")
+        check_range(getattr(cfg, name), allowed, _dotted(where, name))
+
+
+def check_range(value: float | None, allowed: Range, name: str) -> None:
+    """check_ranges for one value; `name` is a dotted config key or a command-line flag (--port)."""
+    if value is None:
+        return
+    if not math.isfinite(value):  # .inf is never a meant setting
+        raise ConfigError(f"{name}={value!r} is not a finite number; allowed: {allowed}")
+    if not allowed.allows(value):
+        raise ConfigError(f"{name}={value!r} is out of range; allowed: {allowed}")
 
 
 AT_LEAST_1 = Range(low=1)
 NON_NEGATIVE = Range(low=0)
 POSITIVE = Range(low=0, low_open=True)
 SHARE = Range(low=0, high=1, low_open=True)  # a fraction of something that must not be empty
+# 0 binds a free port the OS picks (uvicorn logs which; tests use it); past 65535 is no port at all.
+TCP_PORT = Range(low=0, high=65535)
 
 # Every numeric field of LLMConfig; the bool fields are checked by type alone.
 LLM_RANGES: dict[str, Range] = {

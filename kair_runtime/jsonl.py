@@ -1,8 +1,9 @@
 """Reading JSON/jsonl input and writing files that survive a crash or SIGKILL.
 
 Reading: every JSON or jsonl file the project takes from a user goes through `iter_lines` /
-`iter_jsonl` / `iter_json_records`, the one home of the decoding rules: UTF-8, a byte-order mark
-at the start is dropped (editors on Windows add one), and any error names the file and the line.
+`iter_jsonl` / `iter_json_records` / `read_json`, the one home of the decoding rules: UTF-8, a
+byte-order mark at the start is dropped (editors on Windows add one), and any error names the file
+and the line.
 
 Writing: long jobs (eval runs, teacher generation) append one complete JSON line per record and
 flush it to disk. On restart, `recover()` reads what is there, cuts off a torn last line (a write
@@ -75,6 +76,14 @@ def read_text(path: str | Path) -> str:
         raise _not_utf8(path, data.count(b"\n", 0, e.start) + 1, data[e.start], e.start - line_start + 1) from None
 
 
+def read_json(path: str | Path) -> Any:
+    """A whole JSON file (read_text's rules); bad JSON is a JsonlError naming the file and line."""
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise JsonlError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+
+
 def iter_jsonl(path: str | Path, keep_bad: bool = False) -> Iterator[tuple[int, Any]]:
     """(line number, record) per non-blank line. A line that is not JSON raises JsonlError naming
     it, or with keep_bad comes through as a BadLine."""
@@ -99,11 +108,7 @@ def iter_json_records(path: str | Path, keep_bad: bool = False) -> Iterator[tupl
     and `file[record i]` (0-based) for an array."""
     path = Path(path)
     if is_json_array(path):
-        try:
-            records = json.loads(read_text(path))
-        except json.JSONDecodeError as e:
-            raise JsonlError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-        for i, rec in enumerate(records):
+        for i, rec in enumerate(read_json(path)):
             yield f"{path}[record {i}]", rec
         return
     for n, rec in iter_jsonl(path, keep_bad):
@@ -134,6 +139,17 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
 def atomic_write_text(path: str | Path, text: str) -> None:
     with atomic_write(path) as f:
         f.write(text)
+
+
+def json_line(record: dict[str, Any]) -> str:
+    """One record as the project writes every jsonl line."""
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def atomic_write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> None:
+    """A whole jsonl file, or none (atomic_write)."""
+    with atomic_write(path) as f:
+        f.writelines(map(json_line, records))
 
 
 def recover(path: str | Path) -> list[dict[str, Any]]:
@@ -178,7 +194,7 @@ class JsonlWriter:
         self._f = self.path.open("a", encoding="utf-8")
 
     def write(self, records: Iterable[dict[str, Any]]) -> None:
-        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        text = "".join(map(json_line, records))
         if text:
             self._f.write(text)
             self._f.flush()

@@ -35,6 +35,22 @@ class Question:
         )
 
 
+def question_problem(text: str) -> str | None:
+    """Why `text` cannot be asked, as the rest of a sentence about it (None: it can). The one rule
+    for every way a question comes in: `kair ask`, a dataset record, an HTTP request."""
+    if not text.strip():
+        return "must not be empty"  # the loop would search for nothing and still answer
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        # The tokenizer, the retriever and the trace writer would each fail on it later.
+        code = ord(text[e.start])
+        if 0xDC80 <= code <= 0xDCFF:  # how Python keeps a command-line byte that is not UTF-8
+            return f"is not UTF-8 text (byte 0x{code - 0xDC00:02x} at character {e.start + 1})"
+        return f"is not valid Unicode text (a lone surrogate U+{code:04X} at character {e.start + 1})"
+    return None
+
+
 @dataclass
 class Passage:
     id: str

@@ -52,6 +52,7 @@ import yaml
 
 from kair_runtime.config import to_dict
 from kair_runtime.jsonl import atomic_write_text
+from kair_runtime.rundir import hold
 from pipeline.demo_config import CORPUS_FILE, QUESTIONS_FILE, DemoConfig, check_config, claim_traces, load_demo_config
 from pipeline.demo_eval import evaluate
 from pipeline.demo_report import ALL, results_markdown, rich_table, scale_note
@@ -82,16 +83,20 @@ def write_serve_config(cfg: DemoConfig, student: Path, corpus: Path, out: Path) 
 def run_demo(cfg: DemoConfig, console=None) -> dict[str, Any]:
     """Run the stages into cfg.out_dir; returns {"rows", "student", "data", "train_log", "wall_s", ...}."""
     from rich.console import Console
+
+    check_config(cfg)
+    with hold(cfg.out_dir):  # one demo writes a folder at a time
+        return _run_held(cfg, console or Console())
+
+
+def _run_held(cfg: DemoConfig, console) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
     from eval.report import write_plots
     from kair_runtime.runtime import retrievers_over
 
-    check_config(cfg)
-    console = console or Console()
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     claim_traces(cfg, out)
     atomic_write_text(out / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     wall: dict[str, float] = {}

@@ -1,9 +1,12 @@
-"""Test-only helpers for tests that start a real server process (kair serve, vLLM's OpenAI server)."""
+"""Test-only helpers for tests that start a real process: a server (kair serve, vLLM's OpenAI
+server), or one that holds an output folder as a running command would."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
+import sys
+import textwrap
 import time
 
 import httpx
@@ -43,3 +46,18 @@ def stop(proc: subprocess.Popen, timeout: float = 60) -> int:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+def holder_process(folder) -> subprocess.Popen:
+    """Another process that holds `folder` until it is killed; returns once it holds it."""
+    code = textwrap.dedent(f"""
+        import sys, time
+        from kair_runtime.rundir import hold
+        with hold({str(folder)!r}):
+            print("held", flush=True)
+            time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code, "kair", "eval", "--run-name", "r"], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc

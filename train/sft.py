@@ -55,13 +55,15 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from kair_runtime.jsonl import JsonlError, iter_lines
+from kair_runtime.rundir import hold
 
 log = logging.getLogger("train.sft")
 
@@ -402,7 +404,11 @@ def run(argv: list[str] | None = None):
     from kair_runtime.llm.hf import resolve_model
 
     model_args.model_name_or_path = resolve_model(model_args.model_name_or_path)
-    trainer = main(script_args, training_args, model_args)
+    # One training per output dir: two would interleave checkpoints. Only the launch's first
+    # process holds it (every rank writes the same dir); it is released when the process ends.
+    first = os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
+    with hold(training_args.output_dir) if first else nullcontext():
+        trainer = main(script_args, training_args, model_args)
     # Rank 0 checks the adapter alone; a rank that tore the process group down meanwhile has been
     # seen to abort at exit ("terminate called without an active exception"), so all ranks meet first.
     trainer.accelerator.wait_for_everyone()

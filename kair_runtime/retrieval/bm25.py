@@ -71,6 +71,9 @@ class BM25Retriever:
         stemmer = make_stemmer()
         texts = [passage_text(p) for p in passages]
         tokens = bm25s.tokenize(texts, stopwords="en", stemmer=stemmer, show_progress=False)
+        if not tokens.vocab:  # bm25s would fail on it with "max() arg is an empty sequence"
+            raise CorpusError(f"{where}: no passage has a word BM25 can index (words of two or more letters or "
+                              "digits that are not stopwords)")
         bm25 = bm25s.BM25()
         bm25.index(tokens, show_progress=False)
         return cls(bm25, passages, STEMMER_LANGUAGE if stemmer is not None else None)

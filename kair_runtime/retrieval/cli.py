@@ -16,12 +16,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from kair_runtime.errors import USER_ERRORS
+from kair_runtime.errors import USER_ERRORS, os_error_line
 
 index_app = typer.Typer(help="Build and serve retrieval indexes.", no_args_is_help=True)
 
 
-def _fail(e: Exception) -> None:
+def _fail(e: Exception | str) -> None:
     # Both commands also catch any ValueError: an option the index kind does not take, a bad faiss
     # --index-factory or --shard-size, and an encoder that does not fit the index are ValueErrors
     # (tests/kair_runtime/retrieval/test_retrieval_cli.py: "do not apply to a bm25 index").
@@ -54,6 +54,8 @@ def build(
                            batch_size=batch_size, device=device, shard_size=shard_size, keep_shards=keep_shards)
     except (*USER_ERRORS, ValueError) as e:
         _fail(e)
+    except OSError as e:  # --out a file, read-only or on a full disk
+        _fail(os_error_line(e, out, "--out"))
     typer.echo(json.dumps(describe(Manifest.read(path)), indent=2))
     typer.echo(f"index written to {path}")
 
@@ -68,10 +70,12 @@ def serve(
     device: Annotated[Optional[str], typer.Option(help="dense: cpu | cuda | cuda:N.")] = None,
 ) -> None:
     """Serve an index dir over HTTP: POST /search {"queries": [...], "k": k}."""
+    from kair_runtime.config import TCP_PORT, check_range
     from kair_runtime.retrieval.indexing import open_index
     from kair_runtime.retrieval.remote import serve_retriever
 
     try:
+        check_range(port, TCP_PORT, "--port")
         retriever = open_index(index, encoder=encoder, nprobe=nprobe, device=device)
     except (*USER_ERRORS, ValueError) as e:
         _fail(e)

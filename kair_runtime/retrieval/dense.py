@@ -25,12 +25,11 @@ from kair_runtime.config import RetrieverConfig
 from kair_runtime.records import Passage, ScoredPassage
 from kair_runtime.retrieval.base import CorpusError, iter_corpus, load_corpus
 from kair_runtime.retrieval.encoders import Encoder, EncoderError, same_encoder
-from kair_runtime.retrieval.store import (MANIFEST, IndexDirError, Manifest, PassageStore, atomic_save_npy,
+from kair_runtime.retrieval.store import (MANIFEST, SHARD_DIR, IndexDirError, Manifest, PassageStore, atomic_save_npy,
                                           atomic_write_text, now_iso, passage_text, tmp_path,
                                           unique_passages, write_passages)
 
 INDEX_FILE = "index.faiss"
-SHARD_DIR = "shards"
 DEFAULT_SHARD_SIZE = 100_000
 MIN_TRAIN_SIZE = 100_000  # IVF/PQ training sample floor; raised to 64 points per IVF list
 

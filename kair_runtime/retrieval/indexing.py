@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 from kair_runtime.retrieval.base import Retriever
-from kair_runtime.retrieval.store import Manifest
+from kair_runtime.retrieval.store import MANIFEST, SHARD_DIR, Manifest
+from kair_runtime.rundir import replaced_folder
 
 BUILDERS: dict[str, str] = {
     "dense": "kair_runtime.retrieval.dense:build_dense_index",
@@ -48,11 +51,21 @@ def _check_options(fn: Callable[..., Any], kind: str, options: dict[str, Any]) -
 
 def build_index(corpus: str | Path, out_dir: str | Path, kind: str = "dense", **options: Any) -> Path:
     """Build an index dir; options are the builder's keywords (dense: encoder, index_factory,
-    batch_size, device, query_instruction, shard_size, keep_shards, train_size). None means default."""
+    batch_size, device, query_instruction, shard_size, keep_shards, train_size). None means default.
+    The new index is built beside `out_dir` and replaces it only once complete: a failed or
+    killed rebuild leaves the old index as it was (kair_runtime.rundir.replaced_folder)."""
     builder = _resolve(BUILDERS, kind)
     options = {k: v for k, v in options.items() if v is not None}
     _check_options(builder, kind, options)
-    return builder(corpus, out_dir, **options)
+    out = Path(out_dir)
+    with replaced_folder(out, MANIFEST) as staging:
+        shards = out / SHARD_DIR
+        if shards.is_dir() and not (staging / SHARD_DIR).exists():
+            # The old index's embeddings, hard-linked (no copy): the dense builder re-encodes
+            # only the shards whose passages changed, as it did when it built in place.
+            shutil.copytree(shards, staging / SHARD_DIR, copy_function=os.link)
+        builder(corpus, staging, **options)
+    return out
 
 
 def open_index(index_dir: str | Path, **options: Any) -> Retriever:

@@ -26,6 +26,7 @@ from kair_runtime.records import Passage
 from kair_runtime.retrieval.base import CorpusError
 
 MANIFEST = "manifest.json"
+SHARD_DIR = "shards"  # a dense index's resumable embeddings
 PASSAGES = "passages.jsonl"
 OFFSETS = "passages.offsets.npy"
 MANIFEST_VERSION = 1

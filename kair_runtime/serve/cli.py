@@ -27,10 +27,11 @@ def serve(
     log_level: str = typer.Option("info", help="uvicorn and kair.serve log level."),
 ) -> None:
     """Serve the KAIR loop over HTTP: /v1/answer, /v1/answer/stream, /healthz, /v1/info and a demo page at /."""
-    from kair_runtime.config import ConfigError
+    from kair_runtime.config import TCP_PORT, ConfigError, check_range
     from kair_runtime.serve.config import load_serve_config
 
     try:
+        check_range(port, TCP_PORT, "--port")  # before the model loads: uvicorn finds out only at bind
         cfg = load_serve_config(config, set_)
     except ConfigError as e:
         typer.echo(f"config error: {e}", err=True)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 from kair_runtime.index import INDEX_FORMATS, get_format
 from kair_runtime.llm import close_llm
 from kair_runtime.llm.base import LLM
-from kair_runtime.records import Question, Step, Trace
+from kair_runtime.records import Question, Step, Trace, question_problem
 from kair_runtime.retrieval.base import Retriever
 from kair_runtime.runtime import build_llm, retriever_over
 from kair_runtime.serve.bodies import AnswerRequest, RequestError, answer_body, corpus_size, step_summary, versions
@@ -96,9 +96,10 @@ class Service:
     def settings_for(self, req: AnswerRequest) -> tuple[Question, Settings]:
         """Validate a request against the server's limits; every problem is a 422 naming the field."""
         s, loop = self.cfg.server, self.cfg.loop
+        problem = question_problem(req.question)
+        if problem:
+            raise RequestError(422, f"question: {problem}")
         text = req.question.strip()
-        if not text:
-            raise RequestError(422, "question: must not be empty")
         if len(text) > s.max_question_chars:
             raise RequestError(422, f"question: {len(text)} characters is over the limit of "
                                     f"{s.max_question_chars} (server.max_question_chars)")

@@ -145,3 +145,25 @@ def test_other_prompt_settings_or_tampered_prompts_are_refused(tmp_path, kept_di
     bad.steps[0].prompt[0]["content"] += " "
     with pytest.raises(SFTError, match="differ.*step 1"):
         build_sft(sft_cfg(kept, tmp_path / "sft2"), traces=[bad] + traces[1:])
+
+
+def test_a_rebuild_killed_half_way_leaves_the_old_folder_whole_and_consistent(tmp_path, kept_dir, monkeypatch):
+    from datasets import DatasetDict
+
+    kept, _ = kept_dir
+    out = tmp_path / "sft"
+    build_sft(sft_cfg(kept, out))
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    def killed(self, *args, **kwargs):  # after the jsonl files, before the dataset and the card
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(DatasetDict, "save_to_disk", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build_sft(sft_cfg(kept, out, seed=7))
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    monkeypatch.undo()
+    stats = build_sft(sft_cfg(kept, out, seed=7))
+    lines = sum(1 for _ in (out / "train.jsonl").open())
+    assert stats["splits"]["train"]["examples"] == lines  # the card and the files agree
+    assert not any(p.name.startswith(".sft.") for p in tmp_path.iterdir())

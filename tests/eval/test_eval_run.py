@@ -130,3 +130,20 @@ def test_cli_eval_and_compare(tmp_path):
     assert res.exit_code == 0 and "a: " in res.output and "b: " in res.output
     bad = runner.invoke(eval_app, ["--config", str(cfg_path), "--methods", "nope"])
     assert bad.exit_code == 2 and "unknown method" in bad.output
+
+
+def test_a_second_eval_into_a_run_folder_in_use_is_refused_naming_the_holder(tmp_path):
+    from processes import holder_process
+
+    cfg_path = tmp_path / "smoke.yaml"
+    save_config(config(methods=["vanilla"], datasets=[DatasetSpec("musique")], limit=2,
+                       out_dir=str(tmp_path / "runs")), cfg_path)
+    holder = holder_process(tmp_path / "runs" / "r")  # as a first `kair eval --run-name r` still running
+    try:
+        res = CliRunner().invoke(eval_app, ["--config", str(cfg_path), "--run-name", "r"])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert res.exit_code == 2 and f"is being written by another run (pid {holder.pid}" in res.output
+    assert not (tmp_path / "runs" / "r" / "config.yaml").exists()  # nothing written
+    assert CliRunner().invoke(eval_app, ["--config", str(cfg_path), "--run-name", "r"]).exit_code == 0

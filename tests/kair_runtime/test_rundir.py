@@ -1,16 +1,23 @@
-"""The one claim policy of output folders (kair_runtime.rundir): nested keys, neutral settings,
-fields added since a folder was claimed, and an empty claim file."""
+"""Output folders (kair_runtime.rundir): one writer at a time (hold), replaced whole or not at all
+(replaced_folder), and the one claim policy: nested keys, neutral settings, fields added since a
+folder was claimed, and an empty claim file."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
 import pytest
 import yaml
 
+from processes import holder_process
+
 from kair_runtime.config import ConfigError, LoopConfig, RuntimeConfig, to_dict
-from kair_runtime.rundir import changed_keys, claim
+from kair_runtime.rundir import FolderBusy, changed_keys, claim, hold, remove_orphans, replaced_folder
 
 
 @dataclass
@@ -80,3 +87,63 @@ def test_an_empty_claim_file_matches_nothing(tmp_path):
 def test_changed_keys_compares_lists_as_one_setting():
     assert changed_keys({"a": [1, 2], "b": {"c": 1}}, {"a": [1, 3], "b": {"c": 2}}) == ["a", "b.c"]
     assert changed_keys({"a": [{"name": "x"}]}, {"a": [{"name": "x"}, {"name": "y"}]}) == ["a"]
+
+
+def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_one_leaves_no_lock(tmp_path):
+    folder = tmp_path / "run"
+    proc = holder_process(folder)
+    try:
+        with pytest.raises(FolderBusy, match=rf"{folder} is being written by another run \(pid {proc.pid}, since "
+                                             r".*: -c kair eval --run-name r\); wait for it"):
+            with hold(folder):
+                pass
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with hold(folder):  # the kernel dropped the dead process's lock
+        with hold(folder):  # and the same process may hold it again (a command calling another)
+            pass
+
+
+def test_parts_of_a_folder_are_held_apart(tmp_path):
+    with hold(tmp_path, part="shard-00000-of-00002"):
+        with hold(tmp_path, part="shard-00001-of-00002"):
+            pass
+
+
+def test_orphans_of_dead_writers_go_and_a_live_writers_stay(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / "sub" / f".kept.jsonl.{int(dead.stdout)}.tmp"
+    live = tmp_path / f".kept.jsonl.{os.getpid()}.tmp"
+    other = tmp_path / "notes.tmp"
+    for f in (orphan, live, other):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("x")
+    assert remove_orphans(tmp_path) == [orphan]
+    assert live.exists() and other.exists() and not orphan.exists()
+
+
+def test_a_replaced_folder_changes_whole_or_not_at_all(tmp_path):
+    out = tmp_path / "out"
+    with replaced_folder(out, "stats.json") as staging:
+        (staging / "stats.json").write_text("1")
+        (staging / "data.jsonl").write_text("a\n")
+    assert (out / "stats.json").read_text() == "1"
+    with pytest.raises(RuntimeError, match="killed"):
+        with replaced_folder(out, "stats.json") as staging:
+            (staging / "data.jsonl").write_text("b\n")
+            raise RuntimeError("killed half-way")
+    assert (out / "data.jsonl").read_text() == "a\n" and (out / "stats.json").read_text() == "1"
+    with replaced_folder(out, "stats.json") as staging:  # the failed staging folder is resumable state
+        assert (staging / "data.jsonl").read_text() == "b\n"
+        (staging / "stats.json").write_text("2")
+    assert (out / "stats.json").read_text() == "2" and not any(p.name.startswith(".out.") for p in tmp_path.iterdir())
+
+
+def test_a_folder_of_other_files_is_never_replaced(tmp_path):
+    (tmp_path / "thesis.tex").write_text("years of work")
+    with pytest.raises(Exception, match=rf"{tmp_path} holds files that are not this command's output \(no "
+                                        r"manifest.json\)"):
+        with replaced_folder(tmp_path, "manifest.json"):
+            pass
+    assert (tmp_path / "thesis.tex").read_text() == "years of work"

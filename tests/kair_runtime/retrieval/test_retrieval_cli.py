@@ -47,6 +47,31 @@ def test_missing_corpus_exits_1(tmp_path):
     result = runner.invoke(index_app, ["build", "--corpus", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "x"),
                                        "--retriever", "bm25"])
     assert result.exit_code == 2 and "corpus not found" in result.output
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+def test_a_failed_rebuild_leaves_the_good_index_as_it_was(corpus_file, tmp_path, obvious):
+    out = tmp_path / "idx"
+    build = ["build", "--out", str(out), "--retriever", "bm25", "--corpus"]
+    assert runner.invoke(index_app, [*build, str(corpus_file)]).exit_code == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(corpus_file.read_text() + "{not json\n")
+    result = runner.invoke(index_app, [*build, str(bad)])
+    assert result.exit_code == 2 and "bad.jsonl" in result.output
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert open_index(out).search([obvious[0][0]], 1)[0][0].id == obvious[0][1]
+    # a good rebuild then replaces it whole, leaving no staging folder behind
+    assert runner.invoke(index_app, [*build, str(corpus_file)]).exit_code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "idx"]
+
+
+def test_index_build_never_replaces_a_folder_of_other_files(corpus_file, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    result = runner.invoke(index_app, ["build", "--corpus", str(corpus_file), "--out", str(tmp_path),
+                                       "--retriever", "bm25"])
+    assert result.exit_code == 2 and "holds files that are not this command's output" in result.output
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def test_serve_refuses_a_dir_that_is_not_an_index(tmp_path):
