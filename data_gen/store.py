@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 from eval.specs import TrainSet
 from kair_runtime.config import ConfigError, RetrieverConfig
-from kair_runtime.jsonl import JsonlError, decode_line
+from kair_runtime.jsonl import JsonlError, complete_records
 from kair_runtime.records import Question, Trace
 
 TRAJECTORY_DIR = "trajectories"
@@ -93,7 +93,12 @@ def without_context(q: Question) -> Question:
 
 def trajectory_key(trace: Trace) -> str:
     """question#sample: unique within one source's files (a teacher run resumes by it)."""
-    return f"{trace.question.id}#{trace.extra.get('sample_id', 0)}"
+    return sample_key(trace.question.id, trace.extra.get("sample_id", 0))
+
+
+def sample_key(question_id: str, sample_id: int) -> str:
+    """The trajectory_key of question `question_id`'s sample `sample_id`, before it is run."""
+    return f"{question_id}#{sample_id}"
 
 
 def source_key(trace: Trace) -> str:
@@ -142,26 +147,12 @@ def read_trajectories(path: str | Path) -> list[Trace]:
 
 
 def _records(file: Path) -> Iterable[tuple[str, dict[str, Any]]]:
-    import json
-
-    data = file.read_bytes()
-    lines = data.split(b"\n")
-    for i, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        last = i == len(lines)  # no "\n" after it: the write never finished
-        try:
-            rec = json.loads(decode_line(raw, file, i))
-        except (json.JSONDecodeError, JsonlError) as e:  # a kill can cut a line inside a UTF-8 character
-            if last:
-                print(f"warning: {file}:{i}: skipping a torn last line (a write cut short)", file=sys.stderr)
-                continue
-            if isinstance(e, JsonlError):
-                raise
-            raise JsonlError(f"{file}:{i}: not valid JSON ({e.msg})") from None
-        if last:
-            print(f"warning: {file}:{i}: skipping a last line with no newline (a write cut short)", file=sys.stderr)
-            continue
+    """The finished records of a trajectory file, read without changing it (a generate may still
+    be appending): a torn last line is skipped with a warning."""
+    records, _, torn = complete_records(file)
+    if torn is not None:
+        print(f"warning: {file}:{torn}: skipping a torn last line (a write cut short)", file=sys.stderr)
+    for i, rec in records:
         if not isinstance(rec, dict):
             raise JsonlError(f"{file}:{i}: expected a JSON object, got {type(rec).__name__}")
         yield f"{file}:{i}", rec

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from data_gen.store import (DataSpec, load_questions, retriever_config_for, shard_path, trajectory_key,
+from data_gen.store import (DataSpec, load_questions, retriever_config_for, sample_key, shard_path, trajectory_key,
                             without_context)
-from kair_runtime.config import ConfigError, RuntimeConfig, to_dict
+from kair_runtime.config import AT_LEAST_1, NON_NEGATIVE, ConfigError, RuntimeConfig, check_range, check_ranges, to_dict
 from kair_runtime.jsonl import JsonlWriter, recover, replace_records
 from kair_runtime.llm.base import LLM
 from kair_runtime.records import Question, Trace
@@ -46,6 +46,13 @@ class SamplingGrid:
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7, 1.0])
     samples_per_temperature: int = 2
     seed: int = 0  # the base every sample's seed is derived from
+
+    def validate(self, where: str = "sampling") -> None:
+        check_ranges(self, {"samples_per_temperature": AT_LEAST_1}, where)
+        if not self.temperatures:
+            raise ConfigError(f"{where}.temperatures is empty")
+        for i, t in enumerate(self.temperatures):
+            check_range(t, NON_NEGATIVE, f"{where}.temperatures[{i}]")
 
 
 @dataclass
@@ -79,15 +86,9 @@ class GenerateResult:
 
 
 def sample_grid(grid: SamplingGrid) -> list[Sample]:
-    if grid.samples_per_temperature < 1:
-        raise ConfigError(f"sampling.samples_per_temperature must be >= 1, got {grid.samples_per_temperature}")
-    if not grid.temperatures:
-        raise ConfigError("sampling.temperatures is empty")
-    temps = list(dict.fromkeys(grid.temperatures))
+    grid.validate()  # a grid built in code (the demo's rounds), not loaded
     samples: list[Sample] = []
-    for t in temps:
-        if t < 0:
-            raise ConfigError(f"sampling.temperatures: {t} is negative")
+    for t in dict.fromkeys(grid.temperatures):
         for _ in range(1 if t == 0 else grid.samples_per_temperature):
             sid = len(samples)
             samples.append(Sample(sid, float(t), derive_seed(grid.seed, sid)))
@@ -215,7 +216,7 @@ def _waves(cfg: GenerateConfig, llm: LLM, retriever: Retriever, questions: list[
     extra after the loop's own keys. One loop per sample: its seed and temperature are one
     SamplingParams, and the hf backend seeds a whole batched generate."""
     for sample in samples:
-        todo = [q for q in questions if wanted(f"{q.id}#{sample.sample_id}")]
+        todo = [q for q in questions if wanted(sample_key(q.id, sample.sample_id))]
         if todo:
             loop_cfg = dataclasses.replace(cfg.runtime.loop, temperature=sample.temperature, seed=sample.seed)
             loop = build_loop(llm, retriever, loop_cfg)
@@ -227,7 +228,7 @@ def existing_trajectories(path: Path, questions: list[Question], samples: list[S
     """Key -> whether it ran without error, for the trajectories already written (a torn last
     line is cut off first); a key this run would not produce means the file belongs to another
     config or shard."""
-    planned = {f"{q.id}#{s.sample_id}" for q in questions for s in samples}
+    planned = {sample_key(q.id, s.sample_id) for q in questions for s in samples}
     keys: dict[str, bool] = {}
     for i, rec in enumerate(recover(path), 1):
         key = trajectory_key(Trace.from_dict(rec))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from eval.datasets import (SPLIT_ALIASES, LoadResult, MalformedRecord, get_spec, split_files, iter_json_records,
+from eval.datasets import (SPLIT_ALIASES, LoadResult, MalformedRecord, get_spec, split_files, dataset_records,
                            load_dataset)
 from eval.specs import DatasetSpec
 from kair_runtime.jsonl import atomic_write, atomic_write_text, read_text
@@ -48,7 +48,7 @@ def paragraph_id(title: str, text: str) -> str:
 def iter_paragraph_file(path: str | Path) -> Iterator[tuple[str, str]]:
     """(title, text) from a JSON array or jsonl of `{title, text}` or FlashRAG `{id, contents}`;
     an id in the file is ignored (ours is the content hash)."""
-    for where, rec in iter_json_records(path):
+    for where, rec in dataset_records(path):
         if isinstance(rec, MalformedRecord):
             raise CorpusError(f"{where}: {rec}")
         if not isinstance(rec, dict):

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from kair_runtime.errors import UserError
-from kair_runtime.jsonl import BadLine, JsonlError, iter_json_records as read_json_records
+from kair_runtime.jsonl import BadLine, JsonlError, iter_json_records
 from kair_runtime.records import Question, question_problem
 
 log = logging.getLogger(__name__)
@@ -104,12 +104,12 @@ def shared_data_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def iter_json_records(path: str | Path) -> Iterator[tuple[str, Any]]:
+def dataset_records(path: str | Path) -> Iterator[tuple[str, Any]]:
     """Yield (location, record) from a JSON array or a jsonl file (kair_runtime.jsonl's reading
     rules: UTF-8, a BOM dropped, errors naming file and line). A jsonl line that is not JSON
     comes through as a MalformedRecord in place of the record, so skip mode can count it."""
     try:
-        for where, rec in read_json_records(path, keep_bad=True):
+        for where, rec in iter_json_records(path, keep_bad=True):
             yield where, MalformedRecord(rec.reason) if isinstance(rec, BadLine) else rec
     except JsonlError as e:
         raise DatasetError(str(e)) from None
@@ -433,7 +433,7 @@ def load_dataset(name: str, path: str | Path | None = None, split: str = "dev", 
     else:
         files = [Path(path)] if path is not None else split_files(spec.name, split)
         source, parse = " + ".join(map(str, files)), spec.parse
-        records = (pair for f in files for pair in iter_json_records(f))
+        records = (pair for f in files for pair in dataset_records(f))
     result = read_questions(spec.name, records, skip_malformed, source, parse)
     try:
         result.questions = subset(result.questions, limit, sample, seed)

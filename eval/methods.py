@@ -25,11 +25,11 @@ from pathlib import Path
 from string import Template
 from typing import Callable, Protocol
 
-from kair_runtime.config import LoopConfig
+from kair_runtime.config import AT_LEAST_1, LoopConfig, check_ranges
 from kair_runtime.index import empty_index
 from kair_runtime.llm.base import LLM, Completion, SamplingParams, check_no_repeat_ngram
 from kair_runtime.loop import (FinalDocsFn, KairLoop, ProgressFn, extract_answer, final_docs_for, generate_isolated,
-                               record_failure)
+                               loop_sampling, record_failure)
 from kair_runtime.parser import parse_step_output
 from kair_runtime.prompts import PromptSet
 from kair_runtime.records import Message, Question, ScoredPassage, Step, Trace
@@ -40,13 +40,26 @@ PROMPT_DIR = Path(__file__).parent / "prompts"
 
 
 @dataclass
-class MethodSettings:
-    loop: LoopConfig = field(default_factory=LoopConfig)
+class BaselineConfig:
+    """The baselines' own settings (the `baselines` section of an eval config)."""
+
     vanilla_top_k: int = 5  # the paper's Table 8 uses 5/10/15/20
     iter_retgen_iterations: int = 3
     iter_retgen_max_tokens: int = 256
     ircot_max_steps: int = 4
     ircot_max_tokens: int = 96
+
+    def validate(self, where: str = "baselines") -> None:
+        check_ranges(self, {name: AT_LEAST_1 for name in ("vanilla_top_k", "iter_retgen_iterations",
+                                                          "iter_retgen_max_tokens", "ircot_max_steps",
+                                                          "ircot_max_tokens")}, where)
+
+
+@dataclass
+class MethodSettings(BaselineConfig):
+    """What a method runs with: the baselines' settings and the loop's (prompts, sampling, budget)."""
+
+    loop: LoopConfig = field(default_factory=LoopConfig)
 
 
 class Method(Protocol):
@@ -195,9 +208,7 @@ class _Baseline:
         return msgs + [{"role": "user", "content": text}]
 
     def sampling(self, max_tokens: int) -> SamplingParams:
-        lc = self.settings.loop
-        return SamplingParams(temperature=lc.temperature, top_p=lc.top_p, max_tokens=max_tokens, seed=lc.seed,
-                              no_repeat_ngram=lc.no_repeat_ngram)
+        return loop_sampling(self.settings.loop, max_tokens)
 
     def new_trace(self, q: Question) -> Trace:
         return Trace(question=q, method=self.name, index_format="", stop_reason="",
@@ -251,16 +262,12 @@ class Vanilla(_Baseline):
         prompts = [self.render("vanilla", question=q.question, documents=self.docs(q, d, can_answer=True))
                    for q, d in zip(questions, retrieved)]
         outs = generate_isolated(self.llm, prompts, self.sampling(self.settings.loop.answer_max_tokens))
-        wall = (time.perf_counter() - t0) / max(1, len(questions))
         for t, docs, prompt, c in zip(traces, retrieved, prompts, outs):
             t.steps.append(self.step(1, t.question.question, docs))
-            t.wall_time_s = wall
             if not _failed(t, c):
                 t.stop_reason = "answered"
                 self.finish(t, prompt, c, extract_answer(c.text))
-        if progress:
-            progress(len(traces))
-        return traces
+        return self.done(traces, t0, progress)
 
 
 @register_method("iter-retgen")

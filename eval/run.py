@@ -16,7 +16,8 @@ A rerun of the same command continues where it stopped: finished questions are r
 traces.jsonl (a torn last line from a kill is dropped) and only the rest are run. A question whose
 run failed (its trace has `error` set, e.g. the backend was down) is kept as a failure, scored 0;
 `--retry-failed` runs those again and replaces their records in place, keeping the others.
-`kair eval compare RUN [RUN ...]` prints one table over several runs.
+`kair eval compare RUN [RUN ...]` prints one table over several runs. The command line of both is
+eval/cli.py.
 """
 
 from __future__ import annotations
@@ -28,31 +29,18 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
-import typer
-
-from eval.methods import METHODS, MethodSettings, build_method
-from eval.report import markdown_report, results_table, summarize, write_plots
-from eval.specs import DatasetSpec, dataset_entries
+from eval.methods import METHODS, BaselineConfig, MethodSettings, build_method
+from eval.report import markdown_report, summarize, write_plots
+from eval.specs import DatasetSpec
 from eval.table import Column, Table
-from kair_runtime.config import ConfigError, RuntimeConfig, config_data, from_dict, to_dict
-from kair_runtime.errors import USER_ERRORS, os_error_line
+from kair_runtime.config import AT_LEAST_1, ConfigError, RuntimeConfig, check_ranges, to_dict
 from kair_runtime.jsonl import JsonlError, JsonlWriter, atomic_write_text, read_json, recover, replace_records
 from kair_runtime.llm import AdapterSwitcher
 from kair_runtime.records import Question, ScoredPassage, Trace
 from kair_runtime.retrieval import Retriever
 from kair_runtime.rundir import claim, hold
 from kair_runtime.runtime import retrievers_over
-
-
-@dataclass
-class BaselineConfig:
-    vanilla_top_k: int = 5
-    iter_retgen_iterations: int = 3
-    iter_retgen_max_tokens: int = 256
-    ircot_max_steps: int = 4
-    ircot_max_tokens: int = 96
 
 
 @dataclass
@@ -79,6 +67,7 @@ class EvalConfig:
     robustness: RobustnessConfig = field(default_factory=RobustnessConfig)
 
     def validate(self, where: str = "") -> None:
+        check_ranges(self, {"limit": AT_LEAST_1, "sample": AT_LEAST_1, "chunk_size": AT_LEAST_1}, where)
         if self.run_name is not None:
             check_run_name(self.run_name, f"{where}.run_name" if where else "run_name")
 
@@ -112,8 +101,9 @@ def model_variants(cfg: EvalConfig) -> list[tuple[str, str | None]]:
     return variants + [(f"{base}+{p.name}", str(p)) for p in ckpts]
 
 
-def load_questions(spec: DatasetSpec, cfg: EvalConfig) -> tuple[list[Question], list[str]]:
-    """The questions, and the malformed records skipped (only with skip_malformed; reported)."""
+def run_questions(spec: DatasetSpec, cfg: EvalConfig) -> tuple[list[Question], list[str]]:
+    """The dataset's questions as the run takes them (its limit, sample and seed), and the malformed
+    records skipped (only with skip_malformed; reported)."""
     from eval.datasets import load_dataset
 
     # A dataset's own limit and the run's both cap it (check_eval_config keeps it apart from sample).
@@ -122,13 +112,13 @@ def load_questions(spec: DatasetSpec, cfg: EvalConfig) -> tuple[list[Question], 
     return list(loaded.questions), list(loaded.skipped)
 
 
-def corpus_for(spec: DatasetSpec, cache: Path) -> Path:
+def run_corpus(spec: DatasetSpec, cache: Path) -> Path:
     """The dataset's retrieval corpus: given, or the closed corpus of its sources (by default the
     file evaluated: `path`, else the split's), built once into RUN/corpora/ (named by its sources)
     and reused while they are unchanged."""
-    from eval.corpus import corpus_for as dataset_corpus
+    from eval.corpus import corpus_for
 
-    return dataset_corpus([spec], lambda pairs: cache / corpus_file_name(pairs))
+    return corpus_for([spec], lambda pairs: cache / corpus_file_name(pairs))
 
 
 def corpus_file_name(pairs: list[tuple[str, str]]) -> str:
@@ -152,7 +142,7 @@ def retrievers_for(specs: list[DatasetSpec], cfg: EvalConfig, run_dir: Path) -> 
     by runtime.retriever_over's rule: `retriever.index_dir`, else `retriever.corpus`, else the
     dataset's own corpus (built into RUN/corpora/ only then). Datasets on one passages file (a
     prebuilt index) share one retriever."""
-    corpora = [lambda spec=spec: corpus_for(spec, run_dir / "corpora") for spec in specs]
+    corpora = [lambda spec=spec: run_corpus(spec, run_dir / "corpora") for spec in specs]
     return retrievers_over(cfg.runtime.retriever, corpora)
 
 
@@ -165,15 +155,10 @@ def check_eval_config(cfg: EvalConfig) -> None:
         raise ConfigError(f"unknown method(s) {unknown}; choose from {sorted(METHODS)}")
     if not cfg.datasets:
         raise ConfigError("no datasets to evaluate: set `datasets` or pass --datasets")
-    for key in ("limit", "sample"):
-        if getattr(cfg, key) is not None and getattr(cfg, key) < 1:
-            raise ConfigError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+    cfg.validate()  # a config built in code, not loaded (from_dict validates what it loads)
+    cfg.baselines.validate()
     if cfg.limit is not None and cfg.sample is not None:
         raise ConfigError("set either limit or sample, not both")
-    if cfg.chunk_size < 1:
-        raise ConfigError(f"chunk_size must be >= 1, got {cfg.chunk_size}")
-    if cfg.baselines.vanilla_top_k < 1:
-        raise ConfigError(f"baselines.vanilla_top_k must be >= 1, got {cfg.baselines.vanilla_top_k}")
     for i, spec in enumerate(cfg.datasets):
         get_spec(spec.name)  # an unknown name fails here, before anything is written
         if spec.limit is not None and (spec.limit < 1 or cfg.sample is not None):
@@ -218,7 +203,7 @@ def run_eval(cfg: EvalConfig, run_dir: Path, progress: bool = True, retry_failed
 
     check_eval_config(cfg)
     # Every dataset is read before the run folder is claimed: a bad file leaves nothing behind.
-    loaded = [(spec, *load_questions(spec, cfg)) for spec in cfg.datasets]
+    loaded = [(spec, *run_questions(spec, cfg)) for spec in cfg.datasets]
     with hold(run_dir):  # one writer per run folder
         _claim_run_dir(run_dir, cfg)
         return _run_claimed(cfg, run_dir, loaded, progress, retry_failed)
@@ -338,97 +323,6 @@ def _robustness(rows: list[dict]) -> str:
                    Column("mean", lambda g: f"{mean(g[1]):.2f}", "right"),
                    Column("sigma", lambda g: f"{pstdev(g[1]):.2f}", "right")], list(groups.items()))
     return "\n".join(["", "## Shuffled final documents (F1 over seeds)", "", table.markdown()]) + "\n"
-
-
-# ---------------------------------------------------------------- CLI
-
-eval_app = typer.Typer(help="Evaluate prompted and tuned models; compare runs.", no_args_is_help=False,
-                       invoke_without_command=True)
-
-
-@eval_app.callback()
-def main(
-    ctx: typer.Context,
-    config: Optional[str] = typer.Option(None, "--config", "-c", help="A configs/eval/*.yaml file."),
-    set_: list[str] = typer.Option([], "--set", help="Override a key: --set runtime.loop.max_steps=3"),
-    model: Optional[str] = typer.Option(None, help="Base model (hub name or path)."),
-    adapter: Optional[str] = typer.Option(None, help="A LoRA adapter or checkpoint dir."),
-    checkpoints: Optional[str] = typer.Option(None, help="Evaluate every checkpoint-* under this dir."),
-    datasets: Optional[str] = typer.Option(None, help="Comma-separated NAME[:SPLIT|:FILE] (the dev split by default); "
-                                                  "a bare name keeps the config's entry of that name."),
-    methods: Optional[str] = typer.Option(None, help=f"Comma-separated: {', '.join(METHODS)}"),
-    limit: Optional[int] = typer.Option(None, help="First N questions per dataset."),
-    run_name: Optional[str] = typer.Option(None, help="Run folder name under out_dir."),
-    out_dir: Optional[str] = typer.Option(None, help="Where run folders go (default runs/eval)."),
-    retry_failed: bool = typer.Option(False, "--retry-failed",
-                                      help="Also rerun the questions a previous run of this folder recorded as "
-                                           "failed (e.g. a backend outage), replacing their records."),
-) -> None:
-    if ctx.invoked_subcommand is not None:
-        return
-    if config is None:
-        typer.echo(ctx.get_help())
-        raise typer.Exit(2)
-    run_dir = None
-    try:
-        cfg = load_eval_config(config, set_, model=model, adapter=adapter, checkpoints=checkpoints,
-                               datasets=datasets, methods=methods, limit=limit, run_name=run_name, out_dir=out_dir)
-        run_dir = Path(cfg.out_dir) / (cfg.run_name or Path(config).stem)
-        rows = run_eval(cfg, run_dir, retry_failed=retry_failed)
-    except USER_ERRORS as e:
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        typer.echo(f"error: {message}", err=True)
-        raise typer.Exit(2)
-    except OSError as e:  # the run folder full, read-only or not a folder (resuming later is safe)
-        typer.echo(f"error: {e if run_dir is None else os_error_line(e, run_dir, 'run folder')}", err=True)
-        raise typer.Exit(2)
-    datasets_seen = list(dict.fromkeys(r["dataset"] for r in rows))
-    typer.echo(results_table(rows, datasets_seen))
-    typer.echo(failures_line(rows))
-    typer.echo(f"\nrun folder: {run_dir}  (results.md, summary.json, plots/)")
-
-
-def failures_line(rows: list[dict]) -> str:
-    """How many questions failed over the whole run (each scored 0), and how to rerun them."""
-    failed = sum(r["summary"]["failed"] for r in rows)
-    total = sum(r["summary"]["n"] for r in rows)
-    if not failed:
-        return f"failed: 0 of {total} question runs"
-    where = ", ".join(f"{r['model']}/{r['dataset']}/{r['method']}: {r['summary']['failed']}"
-                      for r in rows if r["summary"]["failed"])
-    return (f"failed: {failed} of {total} question runs, scored 0 ({where}); "
-            "rerun with --retry-failed to run them again")
-
-
-def load_eval_config(path: str, overrides: list[str], **flags) -> EvalConfig:
-    """The config file, then `--set`, then the flags given; `--datasets` keeps the configured
-    entry of a bare name (so it is merged after the file and --set are read)."""
-    datasets, methods = flags.pop("datasets", None), flags.pop("methods", None)
-    keys = {"model": "runtime.llm.model", "adapter": "runtime.llm.adapter"}
-    data = config_data(path, overrides, {keys.get(k, k): v for k, v in flags.items()}
-                       | {"methods": methods.split(",") if methods is not None else None})
-    if datasets is not None:
-        data["datasets"] = dataset_entries(datasets, DatasetSpec, data.get("datasets") or [])
-    return from_dict(EvalConfig, data)
-
-
-@eval_app.command()
-def compare(runs: list[str] = typer.Argument(..., help="Run folders to put in one table.")) -> None:
-    """One table over several runs (e.g. prompted vs tuned, or every checkpoint)."""
-    rows = []
-    for run in runs:
-        path = Path(run) / "summary.json"
-        if not path.exists():
-            typer.echo(f"error: {path} not found (is {run} a finished eval run?)", err=True)
-            raise typer.Exit(2)
-        try:
-            summary = read_summary(path)
-        except USER_ERRORS as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2)
-        rows += [{**r, "model": f"{Path(run).name}: {r['model']}"} for r in summary]
-    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    typer.echo(results_table(rows, datasets))
 
 
 def read_summary(path: Path) -> list[dict]:

@@ -152,14 +152,15 @@ def atomic_write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> N
         f.writelines(map(json_line, records))
 
 
-def recover(path: str | Path) -> list[dict[str, Any]]:
-    """Complete records of `path` (none if absent). A torn final line is removed from the file;
-    a bad line anywhere else is corruption and raises, naming the line."""
+def complete_records(path: str | Path) -> tuple[list[tuple[int, Any]], int, int | None]:
+    """The records a writer finished in `path`: [(line number, record)], the byte length they
+    span, and the line number of a torn last line (None if there is none). A record is finished
+    once its newline is written (JsonlWriter writes whole lines), so a last line without one, or
+    one that a kill cut inside a character, is torn, not corrupt; a bad line anywhere before the
+    last is corruption and raises, naming the line."""
     path = Path(path)
-    if not path.exists():
-        return []
     data = path.read_bytes()
-    records = []
+    records: list[tuple[int, Any]] = []
     good_end = 0
     lines = data.split(b"\n")
     for i, raw in enumerate(lines):
@@ -169,20 +170,29 @@ def recover(path: str | Path) -> list[dict[str, Any]]:
                 good_end += len(raw) + 1
             continue
         try:
-            rec = json.loads(raw)
-            complete = not last  # a last line without "\n" was never finished
-        except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
-            rec, complete = None, False
-        if not complete:
+            records.append((i + 1, json.loads(decode_line(raw, path, i + 1))))
+        except (ValueError, JsonlError) as e:  # JSONDecodeError; a kill can cut a line inside a UTF-8 character
             if last:
-                break
-            raise JsonlError(f"{path}:{i + 1}: corrupt line in the middle of the file")
-        records.append(rec)
+                return records, good_end, i + 1
+            raise JsonlError(f"{path}:{i + 1}: corrupt line in the middle of the file ({e})") from None
+        if last:  # parsed, but the newline that finishes a record never came
+            records.pop()
+            return records, good_end, i + 1
         good_end += len(raw) + 1
-    if good_end < len(data):
+    return records, good_end, None
+
+
+def recover(path: str | Path) -> list[dict[str, Any]]:
+    """Complete records of `path` (none if absent). A torn final line is removed from the file
+    (the writer resuming it appends after the last finished record); any other bad line raises."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records, good_end, torn = complete_records(path)
+    if torn is not None:
         with path.open("r+b") as f:
             f.truncate(good_end)
-    return records
+    return [rec for _, rec in records]
 
 
 class JsonlWriter:

@@ -71,6 +71,16 @@ class StateAwareLLM(Protocol):
                      sampling: SamplingParams) -> list[Completion]: ...
 
 
+def loop_sampling(cfg: LoopConfig, max_tokens: int, grammar: str | None = None) -> SamplingParams:
+    """The sampling of every call the loop (or a baseline on its settings) makes."""
+    # A structured call may run to its grammar's longest output (a token is at least one
+    # character), so the grammar ends every output, valid, and the token cap never cuts one.
+    if grammar is not None:
+        max_tokens = max(max_tokens, longest(grammar))
+    return SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=max_tokens, seed=cfg.seed,
+                          no_repeat_ngram=cfg.no_repeat_ngram, grammar=grammar)
+
+
 class KairLoop:
     def __init__(self, llm: LLM | StateAwareLLM, retriever: Retriever, config: LoopConfig | None = None,
                  prompts: PromptSet | None = None, final_docs: FinalDocsFn | None = None, answers: bool = True):
@@ -89,12 +99,7 @@ class KairLoop:
         self.answer_sampling = self._sampling(self.cfg.answer_max_tokens, self._grammar(ANSWER))
 
     def _sampling(self, max_tokens: int, grammar: str | None) -> SamplingParams:
-        # A structured call may run to its grammar's longest output (a token is at least one
-        # character), so the grammar ends every output, valid, and the token cap never cuts one.
-        if grammar is not None:
-            max_tokens = max(max_tokens, longest(grammar))
-        return SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p, max_tokens=max_tokens,
-                              seed=self.cfg.seed, no_repeat_ngram=self.cfg.no_repeat_ngram, grammar=grammar)
+        return loop_sampling(self.cfg, max_tokens, grammar)
 
     @staticmethod
     def grammar_bounds(c: LoopConfig) -> GrammarBounds:

@@ -165,7 +165,7 @@ def _canonical(tag: str) -> str:
 # How much text a judgment is read from: a few sentences of a reasoning the prompts ask to keep
 # to one or two (step outputs are 256-512 tokens), so a runaway output costs no more to judge.
 _JUDGMENT_WINDOW = 4_000
-JUDGMENT_LABEL = re.compile(rf"(?:{JUDGMENT_WORD})[*_ \t]*[:：]", re.IGNORECASE)  # "**Judgment**: x" too
+JUDGMENT_LABEL_PATTERN = re.compile(rf"(?:{JUDGMENT_WORD})[*_ \t]*[:：]", re.IGNORECASE)  # "**Judgment**: x" too
 # The reply layout's placeholder ("sufficient or insufficient", either order, "/" or "|" for "or"),
 # copied verbatim: the model has not judged anything.
 _EITHER = "|".join(JUDGMENTS)
@@ -230,7 +230,7 @@ def parse_judgment(text: str, statement: bool = False) -> str | None:
     `statement` says the whole text is the judgment (a <judgment> section), so terse answers
     ("Yes.", "No, the year is missing") and "missing"/"cannot answer" count there too."""
     last = None
-    for last in JUDGMENT_LABEL.finditer(text):
+    for last in JUDGMENT_LABEL_PATTERN.finditer(text):
         pass
     if last is None:
         # Asked for at the end of the reasoning: its last sentences decide.
@@ -414,7 +414,7 @@ def _parse(raw: str, fmt: IndexFormat, previous: Index, question: str, index_upd
     if judgment is None:
         # Undecided is never "sufficient": the loop searches on, and the step counts as a repair.
         judgment = "insufficient"
-        written = judgment_src is not None or JUDGMENT_LABEL.search(reasoning)
+        written = judgment_src is not None or JUDGMENT_LABEL_PATTERN.search(reasoning)
         fallbacks.append(FALLBACK_JUDGMENT_UNCLEAR if written else FALLBACK_JUDGMENT_MISSING)
 
     next_query: str | None = None

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.specs import DatasetSpec, TrainSet
-from kair_runtime.config import AT_LEAST_1, NON_NEGATIVE, ConfigError, LLMConfig, LoopConfig, Range, \
+from kair_runtime.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, ConfigError, LLMConfig, LoopConfig, Range, \
     RetrieverConfig, RuntimeConfig, check_ranges, load_config, to_dict
 from kair_runtime.rundir import claim
 
@@ -47,6 +47,13 @@ class TrainSettings:
     # A checkpoint dir of an earlier run with the same data: its weights, optimizer, scheduler step
     # and data position are restored and training goes on to `steps` (the schedule is over `steps`).
     resume_from_checkpoint: str | None = None
+
+    def validate(self, where: str = "train") -> None:
+        check_ranges(self, {"steps": AT_LEAST_1, "learning_rate": POSITIVE, "warmup_steps": NON_NEGATIVE,
+                            "batch_size": AT_LEAST_1, "lora_r": AT_LEAST_1, "lora_alpha": AT_LEAST_1,
+                            "max_length": AT_LEAST_1, "save_steps": NON_NEGATIVE}, where)
+        if self.precision not in TRAIN_PRECISIONS:
+            raise ConfigError(f"{where}.precision: {self.precision!r}; choose one of {', '.join(TRAIN_PRECISIONS)}")
 
 
 TRAIN_PRECISIONS = ("float32", "bfloat16")
@@ -114,6 +121,10 @@ class DemoConfig:
     # the loop settings, in a new out_dir: OUT/traces/ refuses to resume under other settings).
     eval_runs: list[str] = field(default_factory=lambda: list(EVAL_RUNS))
 
+    def validate(self, where: str = "") -> None:
+        check_ranges(self, {"min_f1": Range(low=0, high=1), "validation_fraction": Range(low=0, high=1, high_open=True),
+                            "dev_limit": AT_LEAST_1}, where)
+
 
 # ---------------------------------------------------------------- checks, the traces' owner, loading
 
@@ -127,10 +138,7 @@ def check_config(cfg: DemoConfig) -> None:
         raise ConfigError("runtime.retriever.corpus: the demo searches each question set's own corpus; "
                           "use runtime.retriever.index_dir for one prebuilt index")
     t = cfg.train
-    if t.precision not in TRAIN_PRECISIONS:
-        raise ConfigError(f"train.precision: {t.precision!r}; choose one of {', '.join(TRAIN_PRECISIONS)}")
-    if t.steps < 1:
-        raise ConfigError(f"train.steps must be >= 1, got {t.steps}")
+    t.validate()  # a config built in code, not loaded (from_dict validates what it loads)
     if t.resume_from_checkpoint and not (Path(t.resume_from_checkpoint) / "trainer_state.json").is_file():
         raise ConfigError(f"train.resume_from_checkpoint: {t.resume_from_checkpoint} is not a trainer "
                           "checkpoint (no trainer_state.json)")

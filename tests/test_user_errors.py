@@ -17,7 +17,7 @@ from data_gen.cli import datagen_app
 from data_gen.sft import SFTError
 from eval.cli import corpus_app
 from eval.datasets import DatasetError
-from eval.run import eval_app
+from eval.cli import eval_app
 from kair_runtime.cli import app
 from kair_runtime.config import ConfigError, Range
 from kair_runtime.errors import USER_ERRORS

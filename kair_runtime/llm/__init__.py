@@ -4,10 +4,10 @@ so vLLM (a GPU-only dependency) is never imported unless `backend: vllm` is aske
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 from kair_runtime.config import LLMConfig
 from kair_runtime.llm.base import LLM, BackendDeadError, BackendError, Completion, SamplingParams
+from kair_runtime.registry import resolve
 
 # name -> "module:factory"; each factory takes an LLMConfig and returns an LLM.
 LLM_BACKENDS: dict[str, str] = {
@@ -19,13 +19,7 @@ LLM_BACKENDS: dict[str, str] = {
 
 
 def build_llm(cfg: LLMConfig) -> LLM:
-    if cfg.backend not in LLM_BACKENDS:
-        raise KeyError(f"unknown LLM backend {cfg.backend!r}; choose one of {sorted(LLM_BACKENDS)}")
-    module, _, attr = LLM_BACKENDS[cfg.backend].partition(":")
-    obj = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj(cfg)
+    return resolve(LLM_BACKENDS, cfg.backend, "LLM backend")(cfg)
 
 
 def close_llm(llm: LLM) -> None:

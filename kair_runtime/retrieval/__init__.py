@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 
 from kair_runtime.config import RetrieverConfig
 from kair_runtime.retrieval.base import CorpusError, Retriever, iter_corpus, load_corpus
+from kair_runtime.registry import resolve
 
 # name -> "module:factory"; each factory takes a RetrieverConfig and returns a Retriever.
 RETRIEVERS: dict[str, str] = {
@@ -18,13 +18,8 @@ RETRIEVERS: dict[str, str] = {
 def build_retriever(cfg: RetrieverConfig, encoder=None) -> Retriever:
     """`encoder`: a loaded dense encoder to use instead of loading cfg.encoder (dense only), so
     several dense retrievers hold one model."""
-    if cfg.kind not in RETRIEVERS:
-        raise KeyError(f"unknown retriever {cfg.kind!r}; choose one of {sorted(RETRIEVERS)}")
-    module, _, attr = RETRIEVERS[cfg.kind].partition(":")
-    obj = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj(cfg) if encoder is None else obj(cfg, encoder=encoder)
+    make = resolve(RETRIEVERS, cfg.kind, "retriever")
+    return make(cfg) if encoder is None else make(cfg, encoder=encoder)
 
 
 __all__ = ["RETRIEVERS", "CorpusError", "Retriever", "build_retriever", "iter_corpus", "load_corpus"]

@@ -9,7 +9,6 @@ importing this module (and the CLI) loads neither faiss nor torch.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 import shutil
@@ -18,6 +17,7 @@ from typing import Any, Callable
 
 from kair_runtime.retrieval.base import Retriever
 from kair_runtime.retrieval.store import MANIFEST, SHARD_DIR, Manifest
+from kair_runtime.registry import resolve
 from kair_runtime.rundir import replaced_folder
 
 BUILDERS: dict[str, str] = {
@@ -28,16 +28,6 @@ LOADERS: dict[str, str] = {
     "dense": "kair_runtime.retrieval.dense:DenseRetriever.load",
     "bm25": "kair_runtime.retrieval.bm25:BM25Retriever.load",
 }
-
-
-def _resolve(registry: dict[str, str], kind: str) -> Callable[..., Any]:
-    if kind not in registry:
-        raise KeyError(f"unknown index kind {kind!r}; choose one of {sorted(registry)}")
-    module, _, attr = registry[kind].partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _check_options(fn: Callable[..., Any], kind: str, options: dict[str, Any]) -> None:
@@ -54,7 +44,7 @@ def build_index(corpus: str | Path, out_dir: str | Path, kind: str = "dense", **
     batch_size, device, query_instruction, shard_size, keep_shards, train_size). None means default.
     The new index is built beside `out_dir` and replaces it only once complete: a failed or
     killed rebuild leaves the old index as it was (kair_runtime.rundir.replaced_folder)."""
-    builder = _resolve(BUILDERS, kind)
+    builder = resolve(BUILDERS, kind, "index kind")
     options = {k: v for k, v in options.items() if v is not None}
     _check_options(builder, kind, options)
     out = Path(out_dir)
@@ -72,7 +62,7 @@ def open_index(index_dir: str | Path, **options: Any) -> Retriever:
     """Load any index dir as a Retriever; options go to the kind's loader (dense: encoder, nprobe,
     device, batch_size, query_instruction). None means the manifest's or the default."""
     kind = Manifest.read(index_dir).kind
-    loader = _resolve(LOADERS, kind)
+    loader = resolve(LOADERS, kind, "index kind")
     options = {k: v for k, v in options.items() if v is not None}
     _check_options(loader, kind, options)
     return loader(index_dir, **options)

@@ -12,7 +12,7 @@ from pipeline.demo_sets import benchmark_sets
 from data_gen.store import DataSpec, closed_corpus
 from eval.corpus import SOURCES_SUFFIX, cached_corpus, corpus_for
 from eval.datasets import shared_data_dir
-from eval.run import corpus_for as eval_corpus
+from eval.run import run_corpus as eval_corpus
 from eval.specs import DatasetSpec
 from kair_runtime.config import ConfigError
 from kair_runtime.retrieval import CorpusError

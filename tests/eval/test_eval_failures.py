@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from eval.datasets import shared_data_dir
 from eval.metrics import format_validity
 from eval.report import summarize
-from eval.run import DatasetSpec, EvalConfig, eval_app
+from eval.cli import eval_app
+from eval.run import DatasetSpec, EvalConfig
 from kair_runtime.config import LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig, save_config
 from kair_runtime.jsonl import recover
 from kair_runtime.llm import LLM_BACKENDS

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from eval.corpus import build_corpus
 from eval.datasets import DatasetError, load_dataset, shared_data_dir
-from eval.run import DatasetSpec, EvalConfig, corpus_for, eval_app, run_eval
+from eval.cli import eval_app
+from eval.run import DatasetSpec, EvalConfig, run_corpus, run_eval
 from kair_runtime.config import LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig, save_config
 from kair_runtime.jsonl import recover
 from kair_runtime.retrieval import CorpusError
@@ -40,7 +41,7 @@ def hotpot_lines(n: int) -> list[str]:
 def test_a_dataset_given_by_path_is_retrieved_from_its_own_paragraphs(tmp_path):
     # HotpotQA train questions: none of their paragraphs is in the default (dev) file's corpus.
     spec = DatasetSpec("hotpotqa", path=str(DATA / "hotpotqa" / "train_100.json"))
-    corpus = corpus_for(spec, tmp_path / "corpora")
+    corpus = run_corpus(spec, tmp_path / "corpora")
     assert "train_100" in corpus.name
     rows = run_eval(config(datasets=[spec], limit=5), tmp_path / "run", progress=False)
     recall = rows[0]["summary"]["recall"]
@@ -115,7 +116,7 @@ def test_a_configured_retriever_corpus_wins_over_the_dataset_corpus(tmp_path):
 
 
 def test_eval_flags_override_the_file_and_set(tmp_path):
-    from eval.run import load_eval_config
+    from eval.cli import load_eval_config
 
     path = tmp_path / "e.yaml"
     path.write_text("runtime: {llm: {model: from-yaml}}\nmethods: [kair]\n"
@@ -248,9 +249,9 @@ def test_a_bad_dataset_file_is_one_line_and_exit_2(tmp_path, case):
 
 
 @pytest.mark.parametrize("args, cfg_kw, fragment", [
-    (["--limit", "-1"], {}, "limit must be >= 1, got -1"),
+    (["--limit", "-1"], {}, "limit=-1 is out of range; allowed: >= 1"),
     (["--set", "runtime.loop.top_k=0"], {}, "runtime.loop.top_k=0 is out of range; allowed: >= 1"),
-    (["--set", "chunk_size=0"], {}, "chunk_size must be >= 1, got 0"),
+    (["--set", "chunk_size=0"], {}, "chunk_size=0 is out of range; allowed: >= 1"),
 ])
 def test_out_of_range_settings_are_one_line_and_exit_2(tmp_path, args, cfg_kw, fragment):
     assert_user_error(run_cli(tmp_path, DatasetSpec("musique"), *args, **cfg_kw), fragment, tmp_path)

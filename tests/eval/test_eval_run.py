@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from eval.datasets import shared_data_dir
-from eval.run import DatasetSpec, EvalConfig, eval_app, run_eval
+from eval.cli import eval_app
+from eval.run import DatasetSpec, EvalConfig, run_eval
 from kair_runtime.config import ConfigError, LLMConfig, LoopConfig, RetrieverConfig, RuntimeConfig, save_config
 from kair_runtime.jsonl import recover
 

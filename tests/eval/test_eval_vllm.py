@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from eval.datasets import shared_data_dir
-from eval.run import eval_app
+from eval.cli import eval_app
 from kair_runtime.jsonl import recover
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,

@@ -33,7 +33,7 @@ def test_flags_override_the_config(tmp_path):
     assert cfg.train.learning_rate == 5e-4 and cfg.runtime.llm.model == "smollm2-135m"
     with pytest.raises(ConfigError, match="train.stepz"):
         load_demo_config(None, ["train.stepz=3"])
-    with pytest.raises(ConfigError, match="train.steps must be >= 1"):
+    with pytest.raises(ConfigError, match=r"train.steps=0 is out of range; allowed: >= 1"):
         load_demo_config(None, [], train_steps=0)
     with pytest.raises(ConfigError, match="not a trainer checkpoint"):
         load_demo_config(None, [f"train.resume_from_checkpoint={tmp_path}"])
@@ -256,3 +256,15 @@ def test_batching_is_trace_neutral_in_float32_only():
 
     assert set(BATCHING) <= set(trace_neutral(load_demo_config(None, ["runtime.llm.dtype=float32"])))
     assert not set(BATCHING) & set(trace_neutral(load_demo_config(None, ["runtime.llm.dtype=bfloat16"])))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("min_f1=1.5", r"min_f1=1.5 is out of range; allowed: in \[0, 1\]"),
+    ("validation_fraction=1.0", r"validation_fraction=1.0 is out of range; allowed: in \[0, 1\)"),
+    ("dev_limit=0", r"dev_limit=0 is out of range"),
+    ("train.learning_rate=0", r"train.learning_rate=0.0 is out of range; allowed: > 0"),
+    ("train.batch_size=0", r"train.batch_size=0 is out of range"),
+])
+def test_demo_settings_are_range_checked_at_load(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_demo_config(None, [override])
