@@ -18,10 +18,9 @@ How close training and generation come to this CPU's ceiling, float32 (the recip
 4. model FLOPs utilisation of each against the bf16 ceiling (and float32's against its own);
 5. with --profile, the top operators of one training step per variant and one generate() call.
 
-Model FLOPs, counted the usual way and only for useful tokens: training 4 N per real token for a
-frozen base with LoRA (forward + input gradients; 6 N when all weights train) plus the LM head's
-4 V d on labelled positions, plus causal attention; generation 2 N per prompt and completion token
-plus attention over the context; N = the non-embedding parameters, V d = the LM head.
+Model FLOPs as bench/flops.py counts them (training: 4 N per real token with LoRA, the LM head on
+labelled positions, causal attention); generation 2 N per prompt and completion token plus
+attention over the context; N = the non-embedding parameters.
 
 --sft-data takes a DatasetDict of SFT chats (a demo run's OUT/sft/dataset after `kair demo
 --config configs/demo/benchmark-cpu.yaml`); without one it falls back to the embedded demo's SFT
@@ -31,64 +30,17 @@ chats (shorter than the benchmark's) and says so.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from flops import Shape, matmul_gflops, training_flops
 from loop_batching import outputs, questions
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_CONFIG = ROOT / "configs" / "train" / "smollm2-135m-benchmark-cpu.yaml"
 FLOAT32_TRAINING = ["--dtype", "float32", "--bf16", "false", "--lm_head_on_labels_only", "false"]
-
-
-# ---------------------------------------------------------------- the ceiling
-
-def matmul_gflops(dtype: torch.dtype, n: int = 2048, reps: int = 12) -> float:
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e9
-
-
-# ---------------------------------------------------------------- model FLOPs
-
-@dataclasses.dataclass
-class Shape:
-    body_params: int  # non-embedding, non-head parameters
-    head: int  # vocab x hidden
-    layers: int
-    hidden: int
-
-    @classmethod
-    def of(cls, model) -> "Shape":
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        emb = base.get_input_embeddings().weight
-        body = sum(p.numel() for n, p in base.named_parameters() if "lora_" not in n) - emb.numel()
-        head = base.get_output_embeddings().weight
-        if head.data_ptr() != emb.data_ptr():
-            body -= head.numel()
-        return cls(body, head.numel(), base.config.num_hidden_layers, base.config.hidden_size)
-
-    def attention(self, context: float) -> float:
-        """Forward FLOPs per token of attention over `context` earlier tokens (QK and PV)."""
-        return 4 * self.layers * self.hidden * context
-
-
-def training_flops(shape: Shape, batches: list[dict], full: bool = False) -> float:
-    total = 0.0
-    for b in batches:
-        lengths = b["attention_mask"].sum(dim=1).tolist()
-        labelled = int((b["labels"][:, 1:] != -100).sum())
-        for n in lengths:
-            total += (6 if full else 4) * shape.body_params * n + 3 * shape.attention(n / 2) * n
-        total += (6 if full else 4) * shape.head * labelled
-    return total
 
 
 # ---------------------------------------------------------------- training

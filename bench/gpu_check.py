@@ -14,12 +14,14 @@ measures what docs/results.md anchors, on a model nothing has to download:
    way a real checkpoint pads its vocabulary: every one of the 152064 logits is still computed,
    but a greedy step always picks a token the tokenizer can decode.
 2. sft: LoRA SFT steps the way train/sft.py trains (configs/train/qwen2.5-7b-lora.yaml as
-   shipped: rank 16 on every projection, bf16, gradient checkpointing, per-device batch 4 x 2
+   shipped: rank 16 on every projection, bf16, packed padding-free rows on flash-attention (sdpa
+   when flash-attn is not installed, said in the report), no gradient checkpointing, 2 rows x 1
    accumulation, assistant-only loss) under `accelerate launch --config_file
    configs/accelerate/deepspeed_zero2.yaml --num_processes 1`, on synthetic KAIR-shaped chats
    (bench/train_gpu.py's). Reports trained tokens/s (non-padding tokens of the batches, after
-   warm-up steps) and peak memory (GPU: torch.cuda max allocated/reserved; CPU: peak RSS). The
-   adapter it saves is the one the vLLM phase serves.
+   warm-up steps), peak memory (GPU: torch.cuda max allocated/reserved; CPU: peak RSS) and MFU
+   (bench/flops.py's model FLOPs against the GPU's bf16 dense peak). The adapter it saves is the
+   one the vLLM phase serves.
 3. vllm: the KAIR loop (bm25 over the demo corpus, greedy) on a vLLM engine with that adapter on
    every request, once with prefix caching on and once off, each engine in its own process
    (vLLM does not reliably give device memory back when an engine is dropped, and a prefix cache
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import dataclasses
 import json
 import os
@@ -94,7 +97,7 @@ GPU_PLAN = Plan(shape=QWEN25_7B, dtype="bfloat16", sft_steps=12, sft_warmup=2, s
                 vllm=dict(gpu_memory_utilization=0.9, max_model_len=16384, enforce_eager=False))
 TOY_PLAN = Plan(shape=TOY, dtype="float32", sft_steps=4, sft_warmup=1,
                 # TrainingArguments refuses bf16 without a device for it; the batch is cut for 2 cores
-                sft_flags=["--use_cpu", "true", "--bf16", "false", "--dtype", "float32",
+                sft_flags=["--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--attn_implementation", "sdpa",
                            "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1",
                            "--max_length", "1024"],
                 questions=8, hf_questions=4, warmup_questions=2,
@@ -141,9 +144,10 @@ def sft_worker(args) -> None:
     import torch
     from transformers import TrainerCallback
 
+    from bench.flops import Shape, gpu_peak_tflops, matmul_gflops, training_flops
     from bench.train_gpu import CountingCollator
     from train.checks import check_adapter
-    from train.sft import build_trainer, parse_args
+    from train.sft import build_trainer, labelled_positions_only, parse_args
 
     plan = TOY_PLAN if args.toy else GPU_PLAN
     cuda = torch.cuda.is_available() and not args.toy
@@ -163,6 +167,10 @@ def sft_worker(args) -> None:
             "--save_strategy", "no", "--logging_steps", "1", "--report_to", "none", "--disable_tqdm", "true",
             "--dataloader_num_workers", "0", *plan.sft_flags]
     script_args, training_args, model_args = parse_args(argv)
+    if cuda and model_args.attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        # The shipped config packs on flash-attention's varlen path; without the package, sdpa keeps
+        # packed examples apart too (tests/train/test_train_precision.py), slower: said in the report.
+        model_args.attn_implementation = "sdpa"
     trainer = build_trainer(script_args, training_args, model_args)
     plugin = trainer.accelerator.state.deepspeed_plugin
     if not trainer.is_deepspeed_enabled or plugin.zero_stage != 2:
@@ -174,7 +182,8 @@ def sft_worker(args) -> None:
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    trainer.train()
+    with labelled_positions_only(trainer.args.device, script_args.lm_head_on_labels_only):
+        trainer.train()
     accum = training_args.gradient_accumulation_steps
     batches = counter.batches[:plan.sft_steps * accum]  # the loader fetches one batch ahead
     timed = batches[plan.sft_warmup * accum:]
@@ -187,8 +196,21 @@ def sft_worker(args) -> None:
     trainer.save_model(str(out))  # through ZeRO-2, as any run saves its adapter
     adapter = check_adapter(out)
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    # Model FLOPs utilisation: the timed steps' model FLOPs per second against the device's bf16
+    # dense peak (a GPU's data sheet; on the --toy CPU run, a float32 matmul measured here).
+    flops = training_flops(Shape.of(trainer.model), counter.shapes[plan.sft_warmup * accum:plan.sft_steps * accum])
+    if cuda:
+        device_name = torch.cuda.get_device_name()
+        peak_tflops, peak_source = gpu_peak_tflops(device_name), f"{device_name} bf16 dense peak"
+    else:
+        peak_tflops, peak_source = matmul_gflops(torch.float32) / 1e3, "this CPU's float32 matmul, measured"
     result = {
         "tokens_per_s": sum(b[0] for b in timed) / seconds,
+        "model_tflops_per_s": flops / seconds / 1e12, "peak_tflops": peak_tflops, "peak_source": peak_source,
+        "mfu": flops / seconds / 1e12 / peak_tflops if peak_tflops else None,
+        "attn_implementation": model_args.attn_implementation, "packing": training_args.packing,
+        "gradient_checkpointing": training_args.gradient_checkpointing,
+        "liger": bool(getattr(training_args, "use_liger_kernel", False)),
         "peak_memory_gb": peak.get("allocated_gb", peak.get("rss_gb")), "peak": peak,
         "steps": plan.sft_steps, "timed_steps": plan.sft_steps - plan.sft_warmup, "timed_s": seconds,
         "per_device_batch": training_args.per_device_train_batch_size, "gradient_accumulation": accum,
@@ -358,7 +380,7 @@ def main() -> None:
     if len(runs) == 2:
         figures["vllm_prefix_on_off_ratio"] = runs[0]["questions_per_s"] / runs[1]["questions_per_s"]
     figures |= {
-        "sft_tokens_per_s": sft["tokens_per_s"], "sft_peak_memory_gb": sft["peak_memory_gb"],
+        "sft_tokens_per_s": sft["tokens_per_s"], "sft_peak_memory_gb": sft["peak_memory_gb"], "sft_mfu": sft["mfu"],
         "sft_tokens_per_s_vs_anchor_low": sft["tokens_per_s"] / SFT_ANCHOR_TOK_S[0],
         "sft_tokens_per_s_vs_anchor_high": sft["tokens_per_s"] / SFT_ANCHOR_TOK_S[1],
     }
@@ -391,6 +413,9 @@ def main() -> None:
         f"the anchor {SFT_ANCHOR_TOK_S[0]:.0f}-{SFT_ANCHOR_TOK_S[1]:.0f} tok/s: 8B, one consumer GPU){note}",
         f"  peak memory {peak_text}; loss {sft['loss_first']:.3f} -> {sft['loss_last']:.3f}, "
         f"padding {sft['padding_fraction']:.1%}",
+        f"  MFU {'n/a' if sft['mfu'] is None else format(sft['mfu'], '.1%')}: {sft['model_tflops_per_s']:.2f} model "
+        f"TFLOP/s of {sft['peak_tflops'] or 'unknown'} ({sft['peak_source']}); attention {sft['attn_implementation']}, "
+        f"packing {sft['packing']}, gradient checkpointing {sft['gradient_checkpointing']}, liger {sft['liger']}",
     ]
     if total > TIME_BUDGET_S:
         lines.append(f"WARNING: the check took {total:.0f} s, over its {TIME_BUDGET_S} s budget")

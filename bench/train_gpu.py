@@ -125,16 +125,18 @@ def mean_length(model_dir: Path, data_dir: Path) -> float:
 # ---------------------------------------------------------------- one training (under accelerate)
 
 class CountingCollator:
-    """Wraps the trainer's collator to count real, padded and trained positions per batch."""
+    """Wraps the trainer's collator to count real, padded and trained positions per batch, and
+    keep what bench/flops.py counts a batch's model FLOPs from (`shapes`)."""
 
     def __init__(self, inner):
-        self.inner, self.batches = inner, []
+        self.inner, self.batches, self.shapes = inner, [], []
 
     def __call__(self, examples):
         batch = self.inner(examples)
         ids = batch["input_ids"]
         real = int(batch["attention_mask"].sum()) if "attention_mask" in batch else int(ids.numel())
         self.batches.append((real, int(ids.numel()), int((batch["labels"] != -100).sum())))
+        self.shapes.append({k: batch[k].cpu() for k in ("labels", "attention_mask", "position_ids") if k in batch})
         return batch
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SFT_FIGURES = {"sft_tokens_per_s", "sft_peak_memory_gb", "sft_tokens_per_s_vs_anchor_low",
+SFT_FIGURES = {"sft_tokens_per_s", "sft_peak_memory_gb", "sft_mfu", "sft_tokens_per_s_vs_anchor_low",
                "sft_tokens_per_s_vs_anchor_high"}
 LOOP_FIGURES = {
     "vllm": {"vllm_prefix_on_questions_per_s", "vllm_prefix_on_output_tok_s",

@@ -43,13 +43,20 @@ def test_train_config_validates_and_starts_with_its_launch_command(path):
 def test_gpu_configs_state_their_memory_target_and_launcher(path):
     text = path.read_text()
     _, training_args, model_args = validate_config(path)
-    assert training_args.max_length == 4096 and training_args.bf16 and training_args.gradient_checkpointing
+    assert training_args.max_length == 4096 and training_args.bf16
     if "qlora" in path.name:
         assert model_args.load_in_4bit and model_args.bnb_4bit_quant_type == "nf4"
+        assert training_args.gradient_checkpointing  # 24 GB needs it
         assert "one 24 GB GPU" in text and "configs/accelerate/single_gpu.yaml" in text.splitlines()[0]
     else:
         assert not model_args.load_in_4bit and model_args.dtype == "bfloat16"
         assert "one 80 GB GPU per process" in text and "deepspeed_zero2.yaml" in text.splitlines()[0]
+        # The throughput knobs of an 80 GB LoRA run: padding-free packing on flash-attention's varlen
+        # path, no gradient checkpointing, Liger as a named option.
+        assert training_args.packing and training_args.packing_strategy == "bfd"
+        assert model_args.attn_implementation == "flash_attention_2"
+        assert not training_args.gradient_checkpointing and training_args.use_liger_kernel is False
+        assert "use_liger_kernel:" in text and "bench/gpu_check.py" in text
 
 
 def test_qlora_needs_bitsandbytes_only_to_train():
