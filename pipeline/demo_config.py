@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from eval.specs import DatasetSpec, TrainSet
 from kair_runtime.config import AT_LEAST_1, NON_NEGATIVE, POSITIVE, ConfigError, LLMConfig, LoopConfig, Range, \
@@ -26,8 +27,13 @@ def _smoke_runtime() -> RuntimeConfig:
 
 @dataclass
 class TrainSettings:
-    """The student's SFT run (train/sft.py keys). The default is a handful of LoRA steps at a high
-    rate: enough for the adapter to pick up the output layout, not to learn the task."""
+    """The student's SFT run. The named settings below are the recipe's: the demo derives
+    train/sft.py keys from them (steps -> max_steps and the logging cadence, save_steps -> the
+    checkpoint and validation cadence, precision -> bf16 and the base's dtype). Every other
+    train/sft.py key (TRL's SFTConfig and ModelConfig, KairSFTArguments) goes in `sft` and passes
+    through to OUT/train.yaml as it is, so a training option needs no change here. The default is
+    a handful of LoRA steps at a high rate: enough for the adapter to pick up the output layout,
+    not to learn the task."""
 
     steps: int = 12
     learning_rate: float = 1.0e-3
@@ -47,6 +53,9 @@ class TrainSettings:
     # A checkpoint dir of an earlier run with the same data: its weights, optimizer, scheduler step
     # and data position are restored and training goes on to `steps` (the schedule is over `steps`).
     resume_from_checkpoint: str | None = None
+    # Any other train/sft.py key, e.g. {gradient_accumulation_steps: 2, lora_dropout: 0.05}; it wins
+    # over what the demo derives. Its names are checked at load, its values when training parses them.
+    sft: dict[str, Any] = field(default_factory=dict)
 
     def validate(self, where: str = "train") -> None:
         check_ranges(self, {"steps": AT_LEAST_1, "learning_rate": POSITIVE, "warmup_steps": NON_NEGATIVE,
@@ -54,6 +63,30 @@ class TrainSettings:
                             "max_length": AT_LEAST_1, "save_steps": NON_NEGATIVE}, where)
         if self.precision not in TRAIN_PRECISIONS:
             raise ConfigError(f"{where}.precision: {self.precision!r}; choose one of {', '.join(TRAIN_PRECISIONS)}")
+        if self.sft:
+            check_sft_keys(self.sft, f"{where}.sft")
+
+
+# Where the demo keeps a run's files: set by the demo, never by a config.
+DEMO_OWNED_SFT_KEYS = ("dataset_path", "eval_dataset_path", "output_dir", "model_name_or_path",
+                       "training_chat_template", "init_adapter")
+
+
+def check_sft_keys(keys: dict[str, Any], where: str) -> None:
+    """Each key must be one train/sft.py takes (its three argument dataclasses) and not one the
+    demo sets itself."""
+    import dataclasses as dc
+
+    from train.sft import KairSFTArguments
+    from trl import ModelConfig, SFTConfig
+
+    known = {f.name for cls in (KairSFTArguments, SFTConfig, ModelConfig) for f in dc.fields(cls)}
+    for key in keys:
+        if key in DEMO_OWNED_SFT_KEYS:
+            raise ConfigError(f"{where}.{key}: the demo sets it (its run folder's layout); remove it")
+        if key not in known:
+            raise ConfigError(f"{where}.{key}: not a train/sft.py key (TRL's SFTConfig, ModelConfig or "
+                              "KairSFTArguments)")
 
 
 TRAIN_PRECISIONS = ("float32", "bfloat16")

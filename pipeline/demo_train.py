@@ -114,6 +114,7 @@ def train_yaml(cfg: DemoConfig, model_dir: str, out: Path, chat_template: str = 
         settings.update(save_steps=t.save_steps, eval_steps=t.save_steps)
     if t.resume_from_checkpoint:
         settings["resume_from_checkpoint"] = t.resume_from_checkpoint
+    settings.update(t.sft)  # train/sft.py keys of the config's own, as they are
     return settings
 
 

@@ -268,3 +268,23 @@ def test_batching_is_trace_neutral_in_float32_only():
 def test_demo_settings_are_range_checked_at_load(override, message):
     with pytest.raises(ConfigError, match=message):
         load_demo_config(None, [override])
+
+
+def test_any_other_train_sft_key_passes_through_to_train_yaml(tmp_path):
+    """A training option the demo does not name goes in train.sft and reaches train/sft.py as it is,
+    overriding what the demo derives; its name is checked at load."""
+    from pipeline.demo_train import train_yaml
+    from train.sft import parse_args
+
+    cfg = load_demo_config(None, ["train.sft.gradient_accumulation_steps=2", "train.sft.lora_dropout=0.05",
+                                  "train.sft.logging_steps=7"])
+    settings = train_yaml(cfg, "smollm2-135m", tmp_path, "smollm2")
+    assert (settings["gradient_accumulation_steps"], settings["lora_dropout"], settings["logging_steps"]) == (2, 0.05, 7)
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    _, training_args, model_args = parse_args(["--config", str(path)])  # the values as training reads them
+    assert training_args.gradient_accumulation_steps == 2 and model_args.lora_dropout == 0.05
+    with pytest.raises(ConfigError, match=r"train.sft.gradient_acumulation_steps: not a train/sft.py key"):
+        load_demo_config(None, ["train.sft.gradient_acumulation_steps=2"])
+    with pytest.raises(ConfigError, match=r"train.sft.output_dir: the demo sets it"):
+        load_demo_config(None, ["train.sft.output_dir=elsewhere"])
