@@ -2,9 +2,13 @@
 refactor that moves rules into one home but changes what they produce fails here.
 
 Each `observe_*` function runs real code and returns plain, JSON-able values with what varies
-run to run removed (wall times; the test's tmp folder, replaced by "<ROOT>" before hashing).
-The tests compare them with tests/golden/pins.json. A pin changes only by hand, with a stated,
-deliberate behaviour fix. Two runs of this module give the same values (checked when pinned).
+run to run removed (wall times; the test's tmp folder, replaced by "<ROOT>"). The tests compare
+them with tests/golden/pins.json: small values inline, and files of records (trajectories, SFT
+chats, eval traces) with the golden files under tests/golden/ that pins.json names, record by
+record, so a failure shows the records that changed (tests/golden.py, check_golden_files). A pin
+changes only with a stated, deliberate behaviour fix (by hand in pins.json; golden files with the
+explicit `python tests/golden_diff.py --write-files`, never by a test). Two runs of this module
+give the same values (checked when pinned).
 
 The demo world and the tiny random-init model are embedded/built here; G2, G4, G5 and G6 read
 the benchmark samples under $KAIR_SHARED_DATA (../shared/data) and skip without them.
@@ -21,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from golden import GOLDEN_DIR, blank_column, load_pins, sha256_file, sha256_lines, strip_times, traces_digest, \
-    without_lines
+from golden import blank_column, check_golden_files, file_text, jsonl_text, load_pins, strip_times, \
+    stripped_traces, without_lines
 
 FORMATS = ["kr", "text", "keywords", "facts", "kf", "none"]
 PINS = load_pins()
@@ -58,7 +62,7 @@ def demo_loop(fmt: str):
 
 
 def observe_g1(root: Path) -> dict[str, str]:
-    """sha256 of the silver trajectories JSONL, per index format, BM25 over the demo corpus."""
+    """The silver trajectories JSONL's text, per index format, BM25 over the demo corpus."""
     from pipeline.demo_config import DemoConfig
     from pipeline.demo_sets import demo_sets
     from data_gen.silver import run_silver
@@ -75,7 +79,7 @@ def observe_g1(root: Path) -> dict[str, str]:
         path = root / f"silver-{fmt}.jsonl"
         with JsonlWriter(path) as w:
             w.write(t.to_dict() for t in traces)
-        out[fmt] = sha256_file(path)
+        out[fmt] = file_text(path)
     return out
 
 
@@ -89,11 +93,10 @@ def test_g1_silver_on_the_demo_world(g1):
     """Silver trajectories (data_gen.silver.run_silver) on the 16 demo train questions, every index
     format, BM25, the smoke loop: the exact JSONL bytes. Issue 16 step 3 replays silver through
     KairLoop; these bytes (extra key order, zero times and tokens, fallbacks, merge) must not move.
-    The kr file is committed (tests/golden/silver_demo_kr.jsonl) so a failure can be diffed."""
-    root, observed = g1
-    committed = GOLDEN_DIR / "silver_demo_kr.jsonl"
-    assert (root / "silver-kr.jsonl").read_text() == committed.read_text()
-    assert observed == PINS["g1_silver_demo_bm25"]
+    Golden files: tests/golden/silver_demo_<format>.jsonl."""
+    _, observed = g1
+    pinned = PINS["g1_silver_demo_bm25"]
+    assert check_golden_files(observed, pinned, "g1_silver_demo_bm25") == pinned
 
 
 # ---------------------------------------------------------------- G2: silver on shared data
@@ -117,15 +120,17 @@ def observe_g2(root: Path) -> str:
     cfg = SilverConfig(runtime=RuntimeConfig(loop=LoopConfig(index_format="kr", max_steps=4, top_k=5)),
                        datasets=specs, corpus=str(corpus), out_dir=str(root / "kr"))
     path, _ = silver(cfg, retriever=retriever)
-    return sha256_file(path)
+    return file_text(path)
 
 
 def test_g2_silver_on_benchmark_samples(tmp_path):
     """Silver over HotpotQA, MuSiQue and 2Wiki samples (their chains: supporting titles,
     decompositions with #n filled, evidence triples): the exact file bytes. Guards steps 3 and
-    10 of issue 16 (oracle replay, retriever built from config) on real multi-hop data."""
+    10 of issue 16 (oracle replay, retriever built from config) on real multi-hop data. Golden
+    file: tests/golden/silver_shared_kr.jsonl."""
     _shared_data()
-    assert observe_g2(tmp_path) == PINS["g2_silver_shared_kr"]
+    pinned = PINS["g2_silver_shared_kr"]
+    assert check_golden_files(observe_g2(tmp_path), pinned, "g2_silver_shared_kr") == pinned
 
 
 # ---------------------------------------------------------------- G3: filter + SFT, prompt versions
@@ -140,8 +145,8 @@ def observe_g3(root: Path, silver_kr: Path) -> dict[str, object]:
     stats = build_sft(SFTDataConfig(runtime=RuntimeConfig(retriever=RetrieverConfig(kind="bm25"), loop=demo_loop("kr")),
                                 trajectories=str(root / "filtered"), out_dir=str(root / "sft")))
     return {"kept": report["kept"], "reasons": report["reasons"],
-            "train": sha256_file(root / "sft" / "train.jsonl"),
-            "validation": sha256_file(root / "sft" / "validation.jsonl"),
+            "train": file_text(root / "sft" / "train.jsonl"),
+            "validation": file_text(root / "sft" / "validation.jsonl"),
             "examples": {k: v["examples"] for k, v in stats["splits"].items()},
             "prompt_versions": {f: PromptSet.load(f).version for f in FORMATS}}
 
@@ -149,9 +154,11 @@ def observe_g3(root: Path, silver_kr: Path) -> dict[str, object]:
 def test_g3_filter_and_sft_chats(g1, tmp_path):
     """run_filter + build_sft over G1's kr silver: the SFT chat files byte for byte ("same SFT
     chats"), and PromptSet.version of every format. Issue 16 step 5 moves the step layout out of
-    the prompt files; the versions (hashed prompt bytes) and the rebuilt prompts must not change."""
+    the prompt files; the versions (hashed prompt bytes) and the rebuilt prompts must not change.
+    Golden files: tests/golden/sft_demo_{train,validation}.jsonl."""
     root, _ = g1
-    assert observe_g3(tmp_path, root / "silver-kr.jsonl") == PINS["g3_sft"]
+    pinned = PINS["g3_sft"]
+    assert check_golden_files(observe_g3(tmp_path, root / "silver-kr.jsonl"), pinned, "g3_sft") == pinned
 
 
 # ---------------------------------------------------------------- G4: teacher generate with the oracle
@@ -178,17 +185,17 @@ def observe_g4(root: Path) -> str:
                          out_dir=str(root / "teacher"), teacher="oracle-7b")
     generate(cfg, llm=llm, retriever=bm25, progress=False)
     # read_trajectories orders by file then line: the shards' order, as written
-    return sha256_lines(json.dumps(strip_times(t.to_dict()), ensure_ascii=False)
-                        for t in read_trajectories(cfg.out_dir))
+    return jsonl_text(strip_times(t.to_dict()) for t in read_trajectories(cfg.out_dir))
 
 
 def test_g4_teacher_trajectories(tmp_path):
     """data_gen.teacher.generate with the scripted oracle (right, wrong, broken and messy
     answers), 3 samples per question, round_size 4: every trajectory, times stripped, in file
     order. Issue 16 step 2 replaces run_wave with KairLoop.iter_run; order, extra keys and
-    their order, and the steps must stay."""
+    their order, and the steps must stay. Golden file: tests/golden/teacher_oracle.jsonl."""
     _shared_data()
-    assert observe_g4(tmp_path) == PINS["g4_teacher"]
+    pinned = PINS["g4_teacher"]
+    assert check_golden_files(observe_g4(tmp_path), pinned, "g4_teacher") == pinned
 
 
 # ---------------------------------------------------------------- G5 / G6: run_eval
@@ -198,9 +205,9 @@ SUMMARY_TIMES = ("wall_time_s_per_question",)
 
 
 def eval_outputs(run: Path) -> dict[str, object]:
-    """Every traces.jsonl (times stripped, hashed), summary.json minus wall time, results.md with
-    the s/q column cut."""
-    traces = {str(p.relative_to(run).parent): traces_digest(p) for p in sorted(run.rglob("traces.jsonl"))}
+    """Every traces.jsonl (times stripped), summary.json minus wall time, results.md with the s/q
+    column cut."""
+    traces = {str(p.relative_to(run).parent): stripped_traces(p) for p in sorted(run.rglob("traces.jsonl"))}
     summary = json.loads((run / "summary.json").read_text())
     md = blank_column((run / "results.md").read_text(), "s/q")
     return {"traces": traces, "summary": _drop_keys(summary, SUMMARY_TIMES), "results_md": md}
@@ -229,9 +236,11 @@ def observe_g5(root: Path) -> dict[str, object]:
 def test_g5_scripted_eval_over_every_method(tmp_path):
     """run_eval with the scripted backend, every method, MuSiQue and Bamboogle (a borrowed
     corpus): traces, summary and results.md, times removed. Guards issue 16 steps 1, 4, 7-10
-    (loop seams, NoEvolving, dataset spec, corpus entry point, tables, config -> objects)."""
+    (loop seams, NoEvolving, dataset spec, corpus entry point, tables, config -> objects).
+    Golden files: the traces, tests/golden/eval_scripted/<dataset>/<method>.jsonl."""
     _shared_data()
-    assert observe_g5(tmp_path) == PINS["g5_eval_scripted"]
+    pinned = PINS["g5_eval_scripted"]
+    assert check_golden_files(observe_g5(tmp_path), pinned, "g5_eval_scripted") == pinned
 
 
 def observe_g6(root: Path, tiny_model_dir: Path) -> list[dict[str, object]]:
@@ -310,7 +319,7 @@ def observe_g7(root: Path, tiny_model_dir: Path) -> dict[str, object]:
         text = re.sub(r"total [0-9]+ s$", "total <time> s", text, flags=re.MULTILINE)
         return without_lines(text, "\u2501")  # the progress bar's heavy line
     return {"data": info["data"],
-            "sft_train": sha256_file(out / "sft" / "train.jsonl"),
+            "sft_train": file_text(out / "sft" / "train.jsonl"),
             "losses": [{k: v for k, v in r.items() if k in ("step", "loss", "eval_loss", "epoch")}
                        for r in info["train_log"]],
             "rows": rows,
@@ -324,14 +333,15 @@ def test_g7_smoke_demo_with_the_tiny_model(tmp_path, tiny_model_dir, monkeypatch
     """`kair demo` at toy scale (tests/pipeline/test_demo.py's config): data stats, the SFT train
     file, the two LoRA losses (rel 1e-5, one torch thread), the three result rows, results.md,
     the console table and serve.yaml. Issue 16 step 13 moves the demo into pipeline/ on the
-    shared pieces; its outputs must stay."""
+    shared pieces; its outputs must stay. Golden file: tests/golden/demo_tiny_sft_train.jsonl."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)
     observed = observe_g7(tmp_path, tiny_model_dir)
     pinned = PINS["g7_demo_tiny"]
     losses = observed.pop("losses")
     assert losses == [{k: pytest.approx(v, rel=1e-5) for k, v in r.items()} for r in pinned["losses"]]
-    assert observed == {k: v for k, v in pinned.items() if k != "losses"}
+    pinned = {k: v for k, v in pinned.items() if k != "losses"}
+    assert check_golden_files(observed, pinned, "g7_demo_tiny") == pinned
 
 
 # ---------------------------------------------------------------- G8: kair ask --json
