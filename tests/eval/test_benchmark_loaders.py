@@ -11,16 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from eval.datasets import DATASETS, DatasetError, get_spec, load_dataset
+from eval.datasets import DATASETS, DatasetError, get_spec, load_dataset, shared_data_dir
 
-SHARED = Path(os.environ.get("KAIR_SHARED_DATA") or Path(__file__).resolve().parents[2] / ".." / "shared" / "data")
-needs_data = pytest.mark.skipif(not (SHARED / "README.md").exists(),
-                                reason=f"benchmark samples not found at {SHARED} (set KAIR_SHARED_DATA)")
-
-
-@pytest.fixture(autouse=True)
-def shared_env(monkeypatch):
-    monkeypatch.setenv("KAIR_SHARED_DATA", str(SHARED))
+SHARED = shared_data_dir()
+needs_data = pytest.mark.skipif(not (SHARED / "README.md").exists(), reason=f"benchmark samples not found at {SHARED}")
+pytestmark = pytest.mark.usefixtures("shared_env")  # KAIR_SHARED_DATA set, as a user sets it
 
 
 def raw_records(rel: str) -> list[dict]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -11,18 +10,13 @@ from typer.testing import CliRunner
 
 from eval.cli import corpus_app
 from eval.corpus import CorpusError, build_corpus, gold_paragraph_ids, gold_passage_ids, paragraph_id
-from eval.datasets import load_dataset
+from eval.datasets import load_dataset, shared_data_dir
 from kair_runtime.retrieval.base import load_corpus
 
-SHARED = Path(os.environ.get("KAIR_SHARED_DATA") or Path(__file__).resolve().parents[2] / ".." / "shared" / "data")
+SHARED = shared_data_dir()
 CORPUS_6119 = SHARED / "2wikimultihopqa" / "corpus_6119.json"
-pytestmark = pytest.mark.skipif(not (SHARED / "README.md").exists(),
-                                reason=f"benchmark samples not found at {SHARED} (set KAIR_SHARED_DATA)")
-
-
-@pytest.fixture(autouse=True)
-def shared_env(monkeypatch):
-    monkeypatch.setenv("KAIR_SHARED_DATA", str(SHARED))
+pytestmark = [pytest.mark.skipif(not (SHARED / "README.md").exists(), reason=f"benchmark samples not found at {SHARED}"),
+              pytest.mark.usefixtures("shared_env")]  # KAIR_SHARED_DATA set, as a user sets it
 
 
 def read_jsonl(path: Path) -> list[dict]:
