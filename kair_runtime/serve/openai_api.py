@@ -132,6 +132,8 @@ def as_answer_request(req: _ChatFields) -> tuple[AnswerRequest, int]:
 def served_model(llm: LLMConfig) -> dict[str, Any]:
     """The one model this server answers as: the adapter's folder name (or the model's), with the
     base it runs on as `parent`, the way vLLM lists a LoRA module."""
+    if llm.backend == "scripted":  # no model is loaded: its `model` setting names nothing
+        return {"id": "scripted", "root": "scripted", "parent": None}
     if llm.adapter:
         return {"id": Path(llm.adapter.rstrip("/")).name, "root": llm.adapter, "parent": llm.model}
     return {"id": llm.model, "root": llm.model, "parent": None}

@@ -26,13 +26,14 @@ from lexical import WordOverlap  # noqa: E402
 
 Q = "When was the band behind Wonderwall formed?"
 KEY = "s3cret"
-ADAPTER = "/models/kair-student"  # only named: the scripted backend loads nothing
+ADAPTER = "/models/kair-student"  # only named: a scripted stand-in answers for it
 
 
 @contextmanager
 def served(llm=None, *, api_key: str | None = KEY, llm_config: dict | None = None, **server) -> Iterator[BackgroundServer]:
     llm = llm if llm is not None else ScriptedLLM(echo_kair)
-    cfg = serve_config(None, llm_config or {"backend": "scripted", "model": "base-model", "adapter": ADAPTER}, **server)
+    # The config names an adapter on a base (what /v1/models lists); `llm` stands in for it.
+    cfg = serve_config(None, llm_config or {"backend": "hf", "model": "base-model", "adapter": ADAPTER}, **server)
     app = create_app(cfg, api_key=api_key, build=lambda: (llm, WordOverlap()))
     with BackgroundServer(app) as server_:
         server_.wait_ready()
@@ -154,10 +155,12 @@ def test_a_chat_while_loading_is_a_503_in_openais_shape():
         loaded.wait(10)
         return ScriptedLLM(echo_kair), WordOverlap()
 
-    cfg = serve_config(None, {"backend": "scripted", "model": "m"})
+    cfg = serve_config(None, {"backend": "scripted"})
     with BackgroundServer(create_app(cfg, build=slow)) as server:
+        (listed,) = client(server).models.list().data  # the scripted backend loads no model: it says so
+        assert listed.id == "scripted"
         with pytest.raises(openai.InternalServerError) as e:
-            client(server).chat.completions.create(model="m", messages=ask())
+            client(server).chat.completions.create(model="scripted", messages=ask())
         loaded.set()
     assert e.value.status_code == 503 and e.value.body["code"] == "unavailable" and "loading" in e.value.message
 
@@ -245,7 +248,7 @@ def test_the_readmes_sdk_call_and_curl_run_as_written(capsys):
     section = readme[readme.index("### OpenAI clients"):]
     python = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     shell = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-    with served(api_key=None, llm_config={"backend": "scripted", "model": "base", "adapter": "runs/x/checkpoint-N"}) as server:
+    with served(api_key=None, llm_config={"backend": "hf", "model": "base", "adapter": "runs/x/checkpoint-N"}) as server:
         exec(python.replace("http://127.0.0.1:8000", server.url), {})
         printed = capsys.readouterr().out.splitlines()
         curl = subprocess.run(shell.replace("127.0.0.1:8000", server.url), shell=True, capture_output=True,
