@@ -109,6 +109,9 @@ class RoundSettings:
     # base: each round's student is a new one (train.steps from the base); continue: it goes on from
     # round r-1's student for train.steps more (a fresh schedule), so round r has trained r+1 times as long
     init: str = "base"
+    # all: the round's questions are drawn from every train question; unchained: only from those no
+    # silver trajectory was kept for (the student's trajectories are then the only ones they have)
+    focus: str = "all"
 
     def validate(self, where: str = "rounds") -> None:
         check_ranges(self, {"count": NON_NEGATIVE, "questions": AT_LEAST_1, "samples": NON_NEGATIVE,
@@ -116,6 +119,9 @@ class RoundSettings:
         if self.backend not in (None, "hf", "vllm"):
             raise ConfigError(f"{where}.backend={self.backend!r}: the student teaches on hf or vllm (or null: "
                               "runtime.llm.backend)")
+        if self.focus not in ("all", "unchained"):
+            raise ConfigError(f"{where}.focus={self.focus!r}: all (every train question) or unchained (those "
+                              "without a kept silver trajectory)")
         if self.init not in ("base", "continue"):
             raise ConfigError(f"{where}.init={self.init!r}: base (a new student each round) or continue (from "
                               "the previous round's student)")

@@ -3,6 +3,7 @@
     round r (1..count), in OUT/round-r/:
         teacher/     round r-1's student in the same loop over the train questions (or a sample of
                      `rounds.questions` of them): one greedy + `rounds.samples` sampled trajectories each
+                     (rounds.focus unchained: drawn from the questions silver could not chain)
         filtered/    silver + those, through the same answer-F1 filter as any teacher, one trajectory
                      per question and retrieval path (silver first, so a path silver already has adds nothing)
         sft/ train.yaml adapter/   a new student trained on that data: from the base, or (rounds.init
@@ -37,15 +38,20 @@ def round_dir(out: Path, r: int) -> Path:
     return out / f"round-{r}"
 
 
-def round_questions(cfg: DemoConfig, train: QuestionSet, r: int) -> list[Question]:
-    """The train questions round r's teacher runs on: all, or `rounds.questions` of them drawn
-    with seed train.seed + r (another draw each round), kept in file order."""
+def round_questions(cfg: DemoConfig, train: QuestionSet, r: int, silver_kept: set[str]) -> list[Question]:
+    """The train questions round r's teacher runs on: all of the pool, or `rounds.questions` of
+    them drawn with seed train.seed + r (another draw each round), kept in file order. The pool is
+    every train question, or (rounds.focus unchained) those without a kept silver trajectory
+    (`silver_kept`: their ids)."""
     from eval.datasets import subset
 
+    pool = train.questions
+    if cfg.rounds.focus == "unchained":
+        pool = [q for q in pool if q.id not in silver_kept]
     n = cfg.rounds.questions
-    if n is None or n >= len(train.questions):
-        return train.questions
-    return subset(train.questions, sample=n, seed=cfg.train.seed + r)
+    if n is None or n >= len(pool):
+        return pool
+    return subset(pool, sample=n, seed=cfg.train.seed + r)
 
 
 def teacher_llm(cfg: DemoConfig, student: Path, rdir: Path) -> LLMConfig:
@@ -89,6 +95,8 @@ def run_rounds(cfg: DemoConfig, train: QuestionSet, dev: list[QuestionSet], retr
 
     rc = cfg.rounds
     silver = read_trajectories(out / "silver" / "trajectories.jsonl")
+    silver_kept = {rec["question"]["id"] for rec in recover(out / "filtered" / "kept.jsonl")
+                   if rec["extra"].get("teacher") == SILVER}
     rows, records = [], []
     for r in range(1, rc.count + 1):
         rdir = round_dir(out, r)
@@ -96,7 +104,7 @@ def run_rounds(cfg: DemoConfig, train: QuestionSet, dev: list[QuestionSet], retr
         claim(rdir, to_dict(cfg), DemoConfig, file="settings.yaml",
               neutral=tuple(n for n in trace_neutral(cfg) if n != "rounds") + ("rounds.count",),
               holds="a round made with other settings", hint="use another --out, or delete that folder")
-        questions = round_questions(cfg, train, r)
+        questions = round_questions(cfg, train, r, silver_kept)
         llm = teacher_llm(cfg, student, rdir)
         temperatures = [0.0, rc.temperature] if rc.samples else [0.0]
         console.print(f"round {r}: {student} teaches on {llm.backend}, {len(questions)} questions x "

@@ -104,6 +104,25 @@ def test_a_continued_round_trains_on_from_the_previous_student(tmp_path, tiny_mo
     assert "trained on from the previous one" in (out / "results.md").read_text()
 
 
+def test_an_unchained_round_draws_only_questions_silver_could_not_chain(tmp_path):
+    from kair_runtime.records import Question
+    from pipeline.demo_config import DemoConfig
+    from pipeline.demo_rounds import round_questions
+    from pipeline.demo_sets import QuestionSet
+
+    train = QuestionSet("train", [Question(id=f"q{i}", question=f"question {i}") for i in range(10)],
+                        tmp_path / "corpus.jsonl", {})
+    chained = {"q0", "q2", "q3", "q5", "q8"}
+    every = DemoConfig(rounds=RoundSettings(count=1, questions=4))
+    unchained = DemoConfig(rounds=RoundSettings(count=1, questions=4, focus="unchained"))
+    assert len(round_questions(every, train, 1, chained)) == 4
+    drawn = [q.id for q in round_questions(unchained, train, 1, chained)]
+    assert len(drawn) == 4 and not set(drawn) & chained and drawn == sorted(drawn, key=lambda i: int(i[1:]))
+    # fewer unchained questions than asked for: all of them
+    assert [q.id for q in round_questions(DemoConfig(rounds=RoundSettings(count=1, questions=9, focus="unchained")),
+                                          train, 1, chained)] == ["q1", "q4", "q6", "q7", "q9"]
+
+
 def test_round_settings_are_checked_at_load():
     assert load_demo_config(None, ["rounds.count=2", "rounds.questions=300"]).rounds.count == 2
     with pytest.raises(ConfigError, match="rounds.samples=-1 is out of range"):
@@ -114,3 +133,5 @@ def test_round_settings_are_checked_at_load():
         load_demo_config(None, ["rounds.temperature=0.0"])
     with pytest.raises(ConfigError, match="rounds.init='warm'"):
         load_demo_config(None, ["rounds.init=warm"])
+    with pytest.raises(ConfigError, match="rounds.focus='hard'"):
+        load_demo_config(None, ["rounds.focus=hard"])
