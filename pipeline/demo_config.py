@@ -109,12 +109,13 @@ class RoundSettings:
     # base: each round's student is a new one (train.steps from the base); continue: it goes on from
     # round r-1's student for train.steps more (a fresh schedule), so round r has trained r+1 times as long
     init: str = "base"
+    steps: int | None = None  # training steps of each round's student; None: train.steps
     # all: the round's questions are drawn from every train question; unchained: only from those no
     # silver trajectory was kept for (the student's trajectories are then the only ones they have)
     focus: str = "all"
 
     def validate(self, where: str = "rounds") -> None:
-        check_ranges(self, {"count": NON_NEGATIVE, "questions": AT_LEAST_1, "samples": NON_NEGATIVE,
+        check_ranges(self, {"count": NON_NEGATIVE, "questions": AT_LEAST_1, "samples": NON_NEGATIVE, "steps": AT_LEAST_1,
                             "temperature": Range(low=0, low_open=True)}, where)
         if self.backend not in (None, "hf", "vllm"):
             raise ConfigError(f"{where}.backend={self.backend!r}: the student teaches on hf or vllm (or null: "

@@ -90,7 +90,7 @@ def rounds_section(cfg: DemoConfig, rounds: list[dict[str, Any]]) -> list[str]:
              f"1 greedy + {rc.samples} sampled (temperature {rc.temperature}) trajectories per question, the same "
              f"answer-F1 filter, one trajectory per question and retrieval path with silver; each student "
              f"trained {'from the base' if rc.init == 'base' else 'on from the previous one'} for "
-             f"{cfg.train.steps} steps. Its dev rows are `(round r)` above.", ""]
+             f"{rc.steps or cfg.train.steps} steps. Its dev rows are `(round r)` above.", ""]
     for r in rounds:
         d = r["data"]
         lines.append(f"- round {r['round']} ({r['backend']}, {r['questions']} questions): teacher trajectories kept "

@@ -117,12 +117,13 @@ def run_rounds(cfg: DemoConfig, train: QuestionSet, dev: list[QuestionSet], retr
         data["teacher_kept"] = teacher_yield(taught, recover(rdir / "filtered" / "kept.jsonl"))
         console.print(f"round {r}: teacher kept {data['teacher_kept']}; SFT examples {data['examples']}")
         previous = student
-        student, log, trained = train_student(cfg, rdir, console,
-                                              init=previous if rc.init == "continue" else None)
+        steps = rc.steps or cfg.train.steps
+        student, log, trained = train_student(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=steps)),
+                                              rdir, console, init=previous if rc.init == "continue" else None)
         round_rows = evaluate(dataclasses.replace(cfg, eval_runs=["tuned-kair"]), dev, retrievers, student, rdir,
                               progress, tuned_label=f"round {r}")
         rows += round_rows
-        records.append({"round": r, "init": rc.init, "questions": len(questions),
+        records.append({"round": r, "init": rc.init, "steps": steps, "questions": len(questions),
                         "teacher": str(llm.adapter or llm.model),
                         "backend": llm.backend, "data": data, "student": str(student), "trained_this_run": trained,
                         "train_log": loss_log(student), "training_s": training_seconds(student)})

@@ -92,11 +92,14 @@ def test_teacher_trajectories_join_silver_once_per_question_and_path(tmp_path, t
 def test_a_continued_round_trains_on_from_the_previous_student(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfg = tiny_cfg(tmp_path, tiny_model_dir, eval_runs=["tuned-kair"],
-                   rounds=RoundSettings(count=1, questions=2, samples=0, init="continue"))
+                   rounds=RoundSettings(count=1, questions=2, samples=0, init="continue", steps=1))
     info = run_demo(cfg, Console(record=True, width=160))
     out = tmp_path / "demo"
     train = yaml.safe_load((out / "round-1" / "train.yaml").read_text())
     assert train["init_adapter"] == str(out / "adapter") and info["rounds"][0]["init"] == "continue"
+    # its own step budget (rounds.steps), the silver student's untouched
+    assert train["max_steps"] == 1 == info["rounds"][0]["steps"]
+    assert yaml.safe_load((out / "train.yaml").read_text())["max_steps"] == cfg.train.steps
     # The round's student starts where the silver one ended, not at the base's loss.
     first = [e["loss"] for e in info["train_log"] if "loss" in e]
     again = [e["loss"] for e in info["rounds"][0]["train_log"] if "loss" in e]
