@@ -95,8 +95,10 @@ def run_rounds(cfg: DemoConfig, train: QuestionSet, dev: list[QuestionSet], retr
 
     rc = cfg.rounds
     silver = read_trajectories(out / "silver" / "trajectories.jsonl")
-    silver_kept = {rec["question"]["id"] for rec in recover(out / "filtered" / "kept.jsonl")
-                   if rec["extra"].get("teacher") == SILVER}
+    silver_kept: set[str] = set()
+    if rc.focus == "unchained":  # only then: kept.jsonl is tens of MB at the benchmark's scale
+        silver_kept = {rec["question"]["id"] for rec in recover(out / "filtered" / "kept.jsonl")
+                       if rec["extra"].get("teacher") == SILVER}
     rows, records = [], []
     for r in range(1, rc.count + 1):
         rdir = round_dir(out, r)

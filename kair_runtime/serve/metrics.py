@@ -22,7 +22,7 @@ steps, answers); prometheus_client's collectors are thread-safe.
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable, Iterable, MutableMapping, Optional
+from typing import Any, Awaitable, Callable, Iterable, MutableMapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -38,7 +38,7 @@ STEP_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 
 
 class Metrics:
-    def __init__(self, queued: Optional[Callable[[], int]] = None):
+    def __init__(self):
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.requests = Counter("kair_requests", "Finished HTTP requests by route and status code",
                                 ["route", "status"], registry=r)
@@ -60,11 +60,10 @@ class Metrics:
         self.backend_errors = Counter("kair_backend_errors", "Questions the backend or retriever failed",
                                       registry=r)
         self.waiting = Gauge("kair_queue_waiting", "Requests waiting for a batch slot", registry=r)
-        self._queued = queued
 
     def watch_queue(self, queued: Callable[[], int]) -> None:
         """Read the scheduler's queue length at scrape time (the scheduler starts after the app)."""
-        self._queued = queued
+        self.waiting.set_function(queued)
 
     def request(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route=route, status=str(status)).inc()
@@ -85,7 +84,6 @@ class Metrics:
         self.completion_tokens.inc(trace.usage.completion_tokens)
 
     def render(self) -> bytes:
-        self.waiting.set(self._queued() if self._queued else 0)
         return generate_latest(self.registry)
 
 
