@@ -112,8 +112,9 @@ def train_yaml(cfg: DemoConfig, model_dir: str, out: Path, chat_template: str = 
     })
     if t.save_steps:
         settings.update(save_steps=t.save_steps, eval_steps=t.save_steps)
-    if t.resume_from_checkpoint:
-        settings["resume_from_checkpoint"] = t.resume_from_checkpoint
+    # last: the newest complete checkpoint of an interrupted run, or step 0 (train.sft.resume_point),
+    # so this file both starts the run and resumes it.
+    settings["resume_from_checkpoint"] = t.resume_from_checkpoint or "last"
     settings.update(t.sft)  # train/sft.py keys of the config's own, as they are
     return settings
 
@@ -135,8 +136,12 @@ def training_template(model: str, out: Path) -> str:
 
 
 def saved_student(path: Path) -> bool:
+    """Whether training finished saving the student: its trainer_state.json, written after the
+    weights, is whole (train.sft.complete_checkpoint's mark, for the final save too)."""
+    from train.sft import complete_checkpoint
+
     weights = (path / "adapter_config.json").is_file() or (path / "model.safetensors").is_file()
-    return weights and (path / "trainer_state.json").is_file()
+    return weights and complete_checkpoint(path)
 
 
 def loss_log(student: Path) -> list[dict[str, float]]:
@@ -158,31 +163,25 @@ def train_student(cfg: DemoConfig, out: Path, console, init: Path | None = None
     student dir, the logged losses, and whether this run trained (False: a student saved by the
     same train.yaml settings is reused)."""
     from kair_runtime.llm.hf import resolve_model
-    from train.sft import run
+    from train.sft import last_checkpoint, run
 
     model = cfg.runtime.llm.model
     path = out / "train.yaml"
     settings = train_yaml(cfg, resolve_model(model), out, training_template(model, out), init)
     student = student_dir(cfg, out)
-    same = path.exists() and yaml.safe_load(path.read_text(encoding="utf-8")) == settings
+    old = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
+    # A train.yaml of before resume_from_checkpoint was written (always "last" now) is the same run.
+    same = isinstance(old, dict) and ({"resume_from_checkpoint": "last"} | old) == settings
     if same and saved_student(student):
         console.print(f"reusing {student}: {path} has the same settings and the student was saved")
         return student, loss_log(student), False
-    checkpoint = latest_checkpoint(student) if same else None
-    if checkpoint is not None:  # a run with these settings was interrupted: go on from its last checkpoint
+    if old != settings:
+        atomic_write_text(path, f"# python -m train.sft --config {path}\n" + yaml.safe_dump(settings, sort_keys=False))
+    checkpoint = last_checkpoint(student) if same and settings["resume_from_checkpoint"] == "last" else None
+    if checkpoint is not None:
         console.print(f"resuming the interrupted training from {checkpoint}")
-        run(["--config", str(path), "--resume_from_checkpoint", str(checkpoint)])
-        return student, loss_log(student), True
-    atomic_write_text(path, f"# python -m train.sft --config {path}\n" + yaml.safe_dump(settings, sort_keys=False))
-    run(["--config", str(path)])
+    run(["--config", str(path)])  # resume_from_checkpoint last: from that checkpoint, else from step 0
     return student, loss_log(student), True
-
-
-def latest_checkpoint(student: Path) -> Path | None:
-    """The student dir's checkpoint-N with the highest N that the trainer finished saving."""
-    done = [c for c in student.glob("checkpoint-*") if (c / "trainer_state.json").is_file()
-            and c.name.removeprefix("checkpoint-").isdigit()]
-    return max(done, key=lambda c: int(c.name.removeprefix("checkpoint-")), default=None)
 
 
 def tuned_llm(cfg: DemoConfig, student: Path) -> LLMConfig:

@@ -3,16 +3,20 @@ writes, then rerun; the folder it leaves must equal what an uninterrupted run wr
 byte once the wall times (the one thing a rerun changes) are set aside.
 
 The commands run as a user runs them, as `kair` processes (tests/fault_harness.py kills one at
-its N-th fsync or rename), with the scripted backend and BM25 over the benchmark samples. The
-kill points are drawn per command with a fixed seed from 1..W, W being the durable writes of its
-uninterrupted run, so they land in the middle of appends, before renames, between a folder's
-files and at the swap of a replaced folder. 25 kill points in all; at 9 of them a rebuild over
-a finished folder is killed too, which must leave that folder exactly as it was.
+its N-th fsync or rename), with the scripted backend and BM25 over the benchmark samples, or,
+for `kair train` and `kair demo`, the tiny random-init model. The kill points are drawn per
+command with a fixed seed from 1..W, W being the durable writes of its uninterrupted run, so they
+land in the middle of appends, before renames, between a folder's files and at the swap of a
+replaced folder. Training writes its checkpoints in place, with no fsync or rename, so train and
+demo are killed at plain file writes too (--file-writes): in the middle of a checkpoint, of its
+trainer_state.json, of the final save. 35 kill points in all; at 9 of them a rebuild over a
+finished folder is killed too, which must leave that folder exactly as it was.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -32,7 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 HARNESS = Path(__file__).resolve().parent / "fault_harness.py"
 DEMO_CORPUS = ROOT / "kair_runtime" / "data" / "demo_corpus.jsonl"
 # Keys whose values are wall-clock readings (the only part of an output a rerun may change).
-VOLATILE = re.compile(r"(^|_)(wall|time|latency|created|since)(_|$)|_s$")
+VOLATILE = re.compile(r"(^|_)(wall|time|runtime|latency|created|since)(_|$)|_s$|_per_second$")
+# What one process did, by definition another in a resumed run: transformers' train_loss (the mean
+# over the steps this process trained) and the demo's trained_this_run.
+PER_PROCESS = {"train_loss", "trained_this_run"}
 
 
 def kair(tmp: Path, args: list[str], kill_at: int = 0) -> tuple[int, int | None]:
@@ -40,8 +47,11 @@ def kair(tmp: Path, args: list[str], kill_at: int = 0) -> tuple[int, int | None]
     durable writes seen, None when killed)."""
     count = tmp / "writes.txt"
     count.unlink(missing_ok=True)
+    # One thread: the tiny models gain nothing from more, and oversubscribed threads slow them ~50x.
+    # A fixed hash seed: PEFT writes target_modules from a set, in an order that varies by process.
     proc = subprocess.run([sys.executable, str(HARNESS), str(kill_at), str(count), *args], cwd=tmp,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"})
     if kill_at == 0 and proc.returncode != 0:
         raise AssertionError(f"kair {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
     return proc.returncode, int(count.read_text()) if count.exists() else None
@@ -49,7 +59,7 @@ def kair(tmp: Path, args: list[str], kill_at: int = 0) -> tuple[int, int | None]
 
 def plain(value):
     if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items() if not VOLATILE.search(k)}
+        return {k: plain(v) for k, v in value.items() if not VOLATILE.search(k) and k not in PER_PROCESS}
     if isinstance(value, list):
         return [plain(v) for v in value]
     return value
@@ -62,7 +72,9 @@ def snapshot(folder: Path) -> dict[str, object]:
     out: dict[str, object] = {}
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder).as_posix()
-        if not path.is_file() or re.fullmatch(r"\.kair(\..+)?\.lock", path.name):
+        # Not outputs: the lock, and the datasets library's cache of a tokenized split (written by
+        # the run that tokenized it, absent where a resumed run had no more to train).
+        if not path.is_file() or re.fullmatch(r"\.kair(\..+)?\.lock|cache-[0-9a-f]+\.arrow", path.name):
             continue
         if path.suffix == ".json":
             out[rel] = plain(json.loads(path.read_text()))
@@ -158,3 +170,41 @@ def test_datagen_silver(work):
 def test_corpus_build(work):
     kill_and_resume(work, ["corpus", "build", "--dataset", "musique", "--out", "corpus.jsonl"], ["corpus.jsonl"],
                     points=2, seed=7)
+
+
+@pytest.fixture(scope="module")
+def tiny(work) -> Path:
+    """The tiny random-init Qwen2 and the demo SFT data, in `work`; trained once into a scratch
+    dir so that the datasets cache of its tokenized splits exists before any counted run (a first
+    run writes it, later runs do not, and kill points are drawn from a run's write count)."""
+    from train.tiny_model import build_tiny_chat_model
+    from train.tiny_run import write_demo_sft
+
+    build_tiny_chat_model(work / "tiny-model", family="qwen2")
+    write_demo_sft(work / "tiny-sft")
+    kair(work, TRAIN + ["--set", "output_dir=warm"])
+    return work
+
+
+TRAIN = ["--file-writes", "train", "--config", str(ROOT / "configs" / "train" / "tiny-cpu.yaml"),
+         "--set", "model_name_or_path=tiny-model", "--set", "dataset_path=tiny-sft", "--set", "max_steps=6",
+         "--set", "save_steps=2", "--set", "eval_steps=3", "--set", "logging_steps=1"]
+
+
+def test_train(tiny):
+    """`resume_from_checkpoint: last` makes one command that starts a run and, after a kill, goes
+    on from the newest complete checkpoint: a kill in the middle of a checkpoint's files (its
+    trainer_state.json last) is not taken for one."""
+    kill_and_resume(tiny, TRAIN + ["--set", "output_dir=out", "--set", "resume_from_checkpoint=last"], ["out"],
+                    points=4, seed=8)
+
+
+def test_demo(tiny):
+    (tiny / "demo.yaml").write_text(yaml.safe_dump({
+        "runtime": {"llm": {"backend": "hf", "model": str(tiny / "tiny-model"), "device": "cpu", "dtype": "float32",
+                            "batch_size": 4},
+                    "retriever": {"kind": "bm25"},
+                    "loop": {"max_steps": 2, "top_k": 3, "step_max_tokens": 8, "answer_max_tokens": 4,
+                             "max_passage_words": 40}},
+        "out_dir": "demo", "train": {"steps": 2, "learning_rate": 5.0e-3, "save_steps": 1}, "dev_limit": 2}))
+    kill_and_resume(tiny, ["--file-writes", "demo", "--config", "demo.yaml"], ["demo"], points=6, seed=9)

@@ -9,6 +9,8 @@
 - `AdapterCheckCallback`: runs `check_adapter` on every checkpoint as it is written.
 - `ResumeCadenceCallback`: a resumed run logs, evaluates and saves at this run's steps, not the
   checkpoint's (the Trainer restores them from trainer_state.json: transformers PR #36303).
+- `FinishedScheduleCallback`: a run resumed from a checkpoint at max_steps trains no more (the
+  Trainer would train one step past it).
 - `Zero3ShardReportCallback`: under ZeRO-3, logs how much of the model each rank really holds. A
   parameter under DeepSpeed's persistence threshold stays whole on every rank, so a ZeRO-3 run
   can shard nothing at all (a small model under DeepSpeed's default threshold does exactly that).
@@ -90,6 +92,23 @@ class ResumeCadenceCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         state.compute_steps(args, state.max_steps)
+        return control
+
+
+class ScheduleDone(Exception):
+    """A resumed run's checkpoint is at max_steps already: nothing is left to train."""
+
+
+class FinishedScheduleCallback(TrainerCallback):
+    """Stops a run resumed from a checkpoint that already reached max_steps before its first step.
+
+    transformers (5.25) checks max_steps only after a step, so resuming from the final checkpoint
+    (a run killed while saving the final model) would train one step past the schedule and save
+    that. train.sft.main catches ScheduleDone and finishes the run as the last step would have."""
+
+    def on_step_begin(self, args, state, control, **kwargs):  # after every on_train_begin has run
+        if 0 < state.max_steps <= state.global_step:
+            raise ScheduleDone(state.global_step)
         return control
 
 

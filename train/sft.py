@@ -38,6 +38,10 @@ assistant turn to learn. The loss covers assistant turns only, their end-of-turn
 tokenizer, so it is directly usable as `--adapter` by the runtime, and each is checked to hold
 trained, non-empty weights as it is written (train/checks.py).
 
+Resuming: `resume_from_checkpoint: last` (the configs' setting) makes the launch command its own
+resume command: it goes on from the newest checkpoint the Trainer finished saving, or starts
+from step 0 where there is none yet (see resume_point); a path names one checkpoint.
+
 Precision (bf16/fp16), batch sizes, gradient accumulation and clipping are this config's under
 every launcher: no configs/accelerate/ file sets a mixed precision, and the DeepSpeed ones leave those
 values "auto" for the Trainer to fill. Under ZeRO-3 each rank logs how much of the model it holds.
@@ -57,6 +61,7 @@ import json
 import logging
 import os
 import sys
+import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +151,71 @@ def check_settings(script_args: KairSFTArguments, model_args, where: str) -> Non
         if quantized:
             raise ValueError(f"{where}: init_adapter on a quantized base is not supported; merge the adapter "
                              "and start a new one, or train without load_in_4bit/8bit")
+
+
+# ---------------------------------------------------------------- checkpoints
+
+RESUME_LAST = "last"
+
+
+def complete_checkpoint(path: Path) -> bool:
+    """Whether the Trainer finished writing this checkpoint-N dir. It writes trainer_state.json
+    last, in place (no rename), so a run killed while saving leaves it missing or cut short."""
+    try:
+        state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and "global_step" in state
+
+
+def last_checkpoint(output_dir: str | Path) -> Path | None:
+    """The complete checkpoint-N of output_dir with the highest N (None if there is none)."""
+    done = [c for c in Path(output_dir).glob("checkpoint-*")
+            if c.name.removeprefix("checkpoint-").isdigit() and complete_checkpoint(c)]
+    return max(done, key=lambda c: int(c.name.removeprefix("checkpoint-")), default=None)
+
+
+def resume_point(value: str | None, output_dir: str, tidy: bool) -> str | None:
+    """`resume_from_checkpoint` as the Trainer takes it. `last` is the newest complete checkpoint
+    of output_dir, or a start from step 0 where there is none yet, so one command both starts a
+    run and resumes it after a kill (HF's own `True` needs a checkpoint and picks an unfinished
+    one). A named checkpoint must be complete. When resuming, `tidy` (the main process) removes
+    the unfinished checkpoints a killed run left: the Trainer would save into them in place, over
+    their stray files (a cut-short README.md would stay cut short)."""
+    if value is None:
+        return None
+    if value == RESUME_LAST:
+        found = last_checkpoint(output_dir)
+        log.info("resume_from_checkpoint last: %s", f"resuming from {found}" if found
+                 else f"no complete checkpoint in {output_dir} yet, training from step 0")
+    elif complete_checkpoint(Path(value)):
+        found = Path(value)
+    else:
+        raise ValueError(f"resume_from_checkpoint {value}: not a complete checkpoint (its trainer_state.json is "
+                         f"missing or cut short: the run stopped while saving it); name an earlier one, or "
+                         f"use 'last' for the newest complete one")
+    if tidy:
+        import shutil
+
+        for c in Path(output_dir).glob("checkpoint-*"):
+            if c.is_dir() and not complete_checkpoint(c):
+                log.info("removing %s: a checkpoint the previous run did not finish saving", c)
+                shutil.rmtree(c)
+    return None if found is None else str(found)
+
+
+def restore_token_count(trainer, checkpoint: str) -> None:
+    """TRL counts the training tokens (the logged `num_tokens`) in memory from 0 in each process,
+    so a resumed run would log counts that restart from 0; they go on from the checkpoint's last
+    logged count instead."""
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8"))
+    seen = next((r["num_tokens"] for r in reversed(state["log_history"]) if "num_tokens" in r), None)
+    if seen is None:
+        return
+    if not hasattr(trainer, "_total_train_tokens"):
+        log.warning("this TRL version keeps no _total_train_tokens: num_tokens restarts from 0 on resume")
+        return
+    trainer._total_train_tokens = int(seen)
 
 
 # ---------------------------------------------------------------- data
@@ -334,8 +404,9 @@ def build_trainer(script_args: KairSFTArguments, training_args, model_args):
     """The SFTTrainer with data loaded, checked and tokenized (labels built), ready to train."""
     from trl import SFTTrainer, get_peft_config, get_quantization_config
 
-    from train.checks import (AdapterCheckCallback, ResumeCadenceCallback, Zero3ShardReportCallback,
-                              check_assistant_labels, check_zero3_gather, check_zero3_quantized)
+    from train.checks import (AdapterCheckCallback, FinishedScheduleCallback, ResumeCadenceCallback,
+                              Zero3ShardReportCallback, check_assistant_labels, check_zero3_gather,
+                              check_zero3_quantized)
 
     deepspeed_plugin = getattr(training_args, "deepspeed_plugin", None)
     check_zero3_gather(deepspeed_plugin)
@@ -353,7 +424,7 @@ def build_trainer(script_args: KairSFTArguments, training_args, model_args):
     model = model_args.model_name_or_path
     if script_args.init_adapter is not None:  # TRL takes a PeftModel as it is, with no new peft_config
         model, peft_config = continued_adapter(model_args, script_args.init_adapter, model_init_kwargs), None
-    callbacks = [ResumeCadenceCallback()]
+    callbacks = [ResumeCadenceCallback(), FinishedScheduleCallback()]
     if model_args.use_peft and script_args.check_adapter:
         callbacks.append(AdapterCheckCallback())
     if deepspeed_plugin is not None and deepspeed_plugin.zero_stage == 3:
@@ -378,11 +449,25 @@ def build_trainer(script_args: KairSFTArguments, training_args, model_args):
 
 def main(script_args: KairSFTArguments, training_args, model_args):
     """Train, save and check; returns the trainer (its state.log_history holds the losses)."""
-    from train.checks import check_adapter
+    from train.checks import ScheduleDone, check_adapter
 
     trainer = build_trainer(script_args, training_args, model_args)
+    resume = resume_point(training_args.resume_from_checkpoint, training_args.output_dir,
+                          tidy=trainer.is_world_process_zero())
+    if resume is not None:
+        restore_token_count(trainer, resume)
     with labelled_positions_only(trainer.args.device, script_args.lm_head_on_labels_only):
-        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        try:
+            trainer.train(resume_from_checkpoint=resume)
+        except ScheduleDone:
+            log.info("%s is at max_steps already: nothing left to train; it becomes the final model", resume)
+            # What the Trainer does after its last step: the run's summary record, on_train_end.
+            trainer._finalize_training(None, 0, time.time())
+    # TRL writes the model card at each checkpoint and PEFT's final save adds to that file; written
+    # again here, a resumed run that saved no checkpoint (or found the card cut short by a kill)
+    # ends with the card an uninterrupted run has.
+    if hasattr(trainer, "create_model_card"):
+        trainer.create_model_card(model_name=(training_args.hub_model_id or training_args.output_dir).split("/")[-1])
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json beside the weights: the loss history of this run
     if model_args.use_peft and script_args.check_adapter and trainer.is_world_process_zero():
