@@ -68,6 +68,7 @@ def generate_cmd(
                                            "outage), replacing them in place."),
 ) -> None:
     """Run the teacher through the KAIR loop over the training questions (resumable)."""
+    cfg = None
     try:
         cfg = load_config(GenerateConfig, config, set_, {"out_dir": out, "shard": shard, "num_shards": num_shards,
                                                   "datasets": datasets_flag(datasets)})
@@ -77,6 +78,8 @@ def generate_cmd(
         result = generate(cfg, progress=progress, retry_failed=retry_failed)
     except (*USER_ERRORS, ValueError) as e:
         _fail(e)
+    except OSError as e:  # resuming later is safe: the trajectories written so far are whole
+        _fail_output(e, cfg and cfg.out_dir)
     new = result.written - result.retried
     retried = f", {result.retried} failed ones retried" if result.retried else ""
     hint = "; rerun with --retry-failed to run them again" if result.failed else ""
@@ -150,6 +153,7 @@ def silver_cmd(
     index_format: Optional[str] = typer.Option(None, help="kr | text | keywords | facts | kf | none"),
 ) -> None:
     """Trajectories from gold annotations with real retrieval (no LLM)."""
+    cfg = None
     try:
         cfg = load_config(SilverConfig, config, set_, {"out_dir": out, "datasets": datasets_flag(datasets),
                                                 "runtime.loop.index_format": index_format})
@@ -159,6 +163,8 @@ def silver_cmd(
         path, traces = silver(cfg)
     except (*USER_ERRORS, ValueError) as e:
         _fail(e)
+    except OSError as e:
+        _fail_output(e, cfg and cfg.out_dir)
     for name, c in silver_counts(traces).items():
         typer.echo(f"{name}: {c['complete']} / {c['total']} complete")
     typer.echo(f"{len(traces)} trajectories -> {path}")
@@ -172,6 +178,7 @@ def quality_cmd(
     out: Optional[str] = typer.Option(None, "--out", "-o", help="quality.json path (default: in TRAJ_DIR)."),
 ) -> None:
     """Index quality: gold entity and triple recall, and the step the answer enters the index."""
+    dest = None
     try:
         cfg = load_config(QualityConfig, config, set_, {"trajectories": trajectories, "out": out})
         if not cfg.trajectories:
@@ -183,6 +190,8 @@ def quality_cmd(
         write_quality(report, dest)
     except (*USER_ERRORS, ValueError) as e:
         _fail(e)
+    except OSError as e:
+        _fail(os_error_line(e, dest, "--out") if dest else e)
     print_quality(report.rows)
     typer.echo(f"{dest.name}, {dest.with_suffix('.md').name} -> {dest.parent}")
 

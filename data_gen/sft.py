@@ -23,7 +23,8 @@ or settings (their prompt_version differs too), which would teach the wrong prom
 
 Output, in OUT:
     train.jsonl, validation.jsonl   {"messages": [...], question_id, kind, step, source, ...}
-    dataset/                        a datasets.DatasetDict (train, validation) via save_to_disk
+    dataset/                        a datasets.DatasetDict (train, validation) via save_to_disk (no
+                                    validation split where none is held out)
     README.md                       the dataset card; stats.json the same figures
 The split is by question id (no question in both), deterministic given `seed`.
 """
@@ -206,14 +207,15 @@ def example_row(ex: SFTExample) -> dict[str, Any]:
 
 def split_questions(ids: list[str], fraction: float, seed: int) -> set[str]:
     """The validation question ids: a seeded shuffle of the sorted ids, so the split does not
-    depend on file order. At least one question when fraction > 0 and there are two or more."""
+    depend on file order. At least one question when fraction > 0 and there are two or more, and
+    always at least one left to train on."""
     check_range(fraction, HELD_OUT, "validation_fraction")
     unique = sorted(set(ids))
     random.Random(seed).shuffle(unique)
     n = round(fraction * len(unique))
     if fraction > 0 and len(unique) >= 2:
         n = max(1, n)
-    return set(unique[:n])
+    return set(unique[:min(n, len(unique) - 1)])
 
 
 def build_sft(cfg: SFTDataConfig, traces: list[Trace] | None = None) -> dict[str, Any]:
@@ -246,9 +248,12 @@ def build_sft(cfg: SFTDataConfig, traces: list[Trace] | None = None) -> dict[str
     with replaced_folder(cfg.out_dir, "stats.json") as out:
         for name, split_rows in splits.items():
             atomic_write_jsonl(out / f"{name}.jsonl", split_rows)
-        train = Dataset.from_list(splits["train"])
-        val = Dataset.from_list(splits["validation"], features=train.features)
-        DatasetDict({"train": train, "validation": val}).save_to_disk(str(out / "dataset"))
+        dataset = {"train": Dataset.from_list(splits["train"])}
+        # No empty split: datasets can neither type an empty list nor load back a saved empty split
+        # (validation_fraction 0; train.sft then says there is no validation split).
+        if splits["validation"]:
+            dataset["validation"] = Dataset.from_list(splits["validation"], features=dataset["train"].features)
+        DatasetDict(dataset).save_to_disk(str(out / "dataset"))
         atomic_write_text(out / "stats.json", json.dumps(stats, indent=2, ensure_ascii=False))
         atomic_write_text(out / "README.md", dataset_card(stats))
     return stats

@@ -1,7 +1,8 @@
 """python tests/fault_harness.py KILL_AT COUNT_FILE [--file-writes] kair-args...
 
 Runs the `kair` command line in this process and SIGKILLs it at its KILL_AT-th durable write
-(0: never), as a power cut or `kill -9` would stop it: no finally block, no atexit. A durable write is an os.fsync (counted after it returns: the data is on disk) or an
+(0: never), as a power cut or `kill -9` would stop it: no finally block, no atexit. A durable
+write is an os.fsync (counted after it returns: the data is on disk) or an
 os.replace/os.rename (counted before it runs: a file or folder about to take its final name).
 
 --file-writes counts plain file writes too, for code that never fsyncs or renames (the Trainer

@@ -171,6 +171,21 @@ def test_an_out_that_is_in_the_way_is_one_line_for_index_corpus_and_sft(tmp_path
     assert afile.read_text() == "not a folder"
 
 
+def test_an_out_that_is_in_the_way_is_one_line_for_generate_silver_and_quality(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    scripted = ["--set", "runtime.llm.backend=scripted", "--set", "runtime.retriever.kind=bm25"]
+    res = runner.invoke(datagen_app, ["generate", "--datasets", "musique", "--limit", "1", "--no-progress",
+                                      "--out", str(afile / "t"), *scripted])
+    one_error_line(res, f"--out {afile / 't'}: {afile} is a file, not a folder")
+    res = runner.invoke(datagen_app, ["silver", "--datasets", "musique", "--limit", "1", "--out", str(afile / "s"),
+                                      "--set", "runtime.retriever.kind=bm25"])
+    one_error_line(res, f"--out {afile / 's'}: {afile} is a file, not a folder")
+    res = runner.invoke(datagen_app, ["quality", str(one_trajectory(tmp_path)), "--out", str(afile / "q.json")])
+    one_error_line(res, f"--out {afile / 'q.json'}: {afile} is a file, not a folder")
+    assert afile.read_text() == "not a folder"
+
+
 def one_trajectory(tmp_path: Path) -> Path:
     """A trajectories file of one scripted KAIR run over the demo corpus."""
     from kair_runtime.config import RuntimeConfig, load_config

@@ -74,9 +74,14 @@ def train_command(
         cmd = accelerate_command(config, accelerate_config, args, processes_for(accelerate_config, num_processes))
         typer.echo("+ " + shlex.join(cmd), err=True)
         raise typer.Exit(subprocess.call(cmd))
+    from kair_runtime.errors import USER_ERRORS
     from train.sft import run
 
-    run(["--config", config, *args])
+    try:
+        run(["--config", config, *args])
+    except USER_ERRORS as e:  # the data, the settings, a resume point (SFTDataError, TrainSettingsError)
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
 
 
 def merge_command(

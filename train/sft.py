@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from kair_runtime.jsonl import JsonlError, iter_lines
+from kair_runtime.errors import UserError
 from kair_runtime.rundir import hold
 
 log = logging.getLogger("train.sft")
@@ -100,8 +101,12 @@ class KairSFTArguments:
                 "optimizer and schedule) from those weights. Its rank and alpha must be this config's."})
 
 
-class SFTDataError(ValueError):
-    pass
+class SFTDataError(ValueError, UserError):
+    """Bad SFT data: a file, a split or a row the user fixes."""
+
+
+class TrainSettingsError(ValueError, UserError):
+    """Settings that cannot work together, or a resume point that is not a checkpoint."""
 
 
 # ---------------------------------------------------------------- arguments
@@ -140,17 +145,18 @@ def check_settings(script_args: KairSFTArguments, model_args, where: str) -> Non
     """The rules across the three argument groups, checked before anything loads (at launch and
     by validate_config)."""
     if model_args.model_name_or_path is None:
-        raise ValueError(f"{where}: model_name_or_path is required")
+        raise TrainSettingsError(f"{where}: model_name_or_path is required")
     quantized = model_args.load_in_4bit or model_args.load_in_8bit
     if quantized and not model_args.use_peft:
-        raise ValueError(f"{where}: a quantized base can only be trained through an adapter; set use_peft: true")
+        raise TrainSettingsError(f"{where}: a quantized base can only be trained through an adapter; "
+                                 "set use_peft: true")
     if script_args.init_adapter is not None:
         if not model_args.use_peft:
-            raise ValueError(f"{where}: init_adapter needs use_peft: true (full fine-tuning goes on from a "
-                             "student by naming it as model_name_or_path)")
+            raise TrainSettingsError(f"{where}: init_adapter needs use_peft: true (full fine-tuning goes on "
+                                     "from a student by naming it as model_name_or_path)")
         if quantized:
-            raise ValueError(f"{where}: init_adapter on a quantized base is not supported; merge the adapter "
-                             "and start a new one, or train without load_in_4bit/8bit")
+            raise TrainSettingsError(f"{where}: init_adapter on a quantized base is not supported; merge the "
+                                     "adapter and start a new one, or train without load_in_4bit/8bit")
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -191,9 +197,9 @@ def resume_point(value: str | None, output_dir: str, tidy: bool) -> str | None:
     elif complete_checkpoint(Path(value)):
         found = Path(value)
     else:
-        raise ValueError(f"resume_from_checkpoint {value}: not a complete checkpoint (its trainer_state.json is "
-                         f"missing or cut short: the run stopped while saving it); name an earlier one, or "
-                         f"use 'last' for the newest complete one")
+        raise TrainSettingsError(f"resume_from_checkpoint {value}: not a complete checkpoint (its "
+                                 "trainer_state.json is missing or cut short: the run stopped while saving it); "
+                                 "name an earlier one, or use 'last' for the newest complete one")
     if tidy:
         import shutil
 
@@ -257,16 +263,17 @@ def read_messages_jsonl(path: str | Path):
     return Dataset.from_list(rows)
 
 
-def _from_disk(path: Path, split: str, required: bool):
+def _from_disk(path: Path, split: str, required: bool, hint: str = ""):
     from datasets import DatasetDict, load_from_disk
 
     data = load_from_disk(str(path))
     if not isinstance(data, DatasetDict):
         raise SFTDataError(f"{path}: expected a DatasetDict with splits, found a single Dataset")
-    if split not in data:
+    if split not in data or len(data[split]) == 0:
         if not required:
             return None
-        raise SFTDataError(f"{path}: no split {split!r}; it has {sorted(data)}")
+        found = f"no split {split!r}; it has {sorted(data)}" if split not in data else f"split {split!r} is empty"
+        raise SFTDataError(f"{path}: {found}{hint}")
     ds = data[split]
     if "messages" not in ds.column_names:
         raise SFTDataError(f"{path}[{split}]: no 'messages' column; columns are {ds.column_names}")
@@ -281,7 +288,9 @@ def load_sft_splits(args: KairSFTArguments, need_eval: bool):
     path = Path(args.dataset_path)
     if path.is_dir():
         train = _from_disk(path, args.dataset_train_split, required=True)
-        evaluation = _from_disk(path, args.dataset_test_split, required=need_eval)
+        evaluation = _from_disk(path, args.dataset_test_split, required=need_eval,
+                                hint=": hold out some questions (kair datagen to-sft --validation-fraction), "
+                                     "or set eval_strategy: no")
     else:
         train = read_messages_jsonl(path)
         evaluation = read_messages_jsonl(args.eval_dataset_path) if args.eval_dataset_path else None
@@ -438,6 +447,10 @@ def build_trainer(script_args: KairSFTArguments, training_args, model_args):
         if changed:
             log.info("bitsandbytes: CPU inference repacking off on %d 4-bit layers (see disable_bnb_cpu_repack)",
                      changed)
+    if len(trainer.train_dataset) == 0:  # else the Trainer's sampler fails on num_samples=0
+        raise SFTDataError(f"{script_args.dataset_path}: none of its {len(train_dataset)} training chats is left "
+                           f"after tokenization: each is longer than max_length={training_args.max_length} tokens "
+                           "or has no assistant tokens to learn; raise max_length")
     if training_args.assistant_only_loss:
         check_assistant_labels(trainer.train_dataset, eot)
     # The data is tokenized now; checkpoints carry the model's own template, so the runtime, vLLM

@@ -79,5 +79,8 @@ def serve(
         retriever = open_index(index, encoder=encoder, nprobe=nprobe, device=device)
     except (*USER_ERRORS, ValueError) as e:
         _fail(e)
-    typer.echo(f"serving {retriever.name} index {index} on http://{host}:{port}/search (Ctrl-C stops)")
-    serve_retriever(retriever, host, port)
+    try:
+        serve_retriever(retriever, host, port, ready=lambda bound: typer.echo(
+            f"serving {retriever.name} index {index} on http://{host}:{bound}/search (Ctrl-C stops)"))
+    except OSError as e:  # the address is taken or not this machine's
+        _fail(f"cannot serve on {host}:{port}: {e.strerror or e}")

@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -139,9 +139,12 @@ def make_server(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000)
     return server
 
 
-def serve_retriever(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Serve until interrupted."""
+def serve_retriever(retriever: Retriever, host: str = "127.0.0.1", port: int = 8000,
+                    ready: Callable[[int], None] | None = None) -> None:
+    """Serve until interrupted; `ready` gets the bound port (the OS's choice for port 0)."""
     server = make_server(retriever, host, port)
+    if ready is not None:
+        ready(server.server_port)
     log.info("serving %s retriever on http://%s:%d/search", retriever.name, host, server.server_port)
     try:
         server.serve_forever()

@@ -40,6 +40,20 @@ def sft_cfg(kept, out, **kw) -> SFTDataConfig:
                          out_dir=str(out), validation_fraction=0.2, **kw)
 
 
+def test_no_validation_split_where_none_is_held_out(tmp_path, kept_dir):
+    from datasets import load_from_disk
+
+    from data_gen.sft import split_questions
+
+    kept, _ = kept_dir
+    stats = build_sft(dataclasses.replace(sft_cfg(kept, tmp_path / "sft"), validation_fraction=0.0))
+    ds = load_from_disk(str(tmp_path / "sft" / "dataset"))  # datasets cannot load back an empty split
+    assert set(ds) == {"train"} and stats["splits"]["validation"]["examples"] == 0
+    assert (tmp_path / "sft" / "validation.jsonl").read_text() == ""
+    # A fraction near 1 still leaves a question to train on; one question is never held out.
+    assert len(split_questions(["a", "b"], 0.9, seed=0)) == 1 and split_questions(["a"], 0.9, seed=0) == set()
+
+
 def examples_by_trajectory(out) -> dict[str, list[dict]]:
     rows = [json.loads(line) for name in ("train", "validation") for line in (out / f"{name}.jsonl").open()]
     by: dict[str, list[dict]] = {}

@@ -8,7 +8,7 @@ import json
 import shutil
 
 import pytest
-from sft_helpers import tiny_args
+from sft_helpers import TINY_CONFIG, tiny_args
 
 from train.sft import complete_checkpoint, last_checkpoint, main, resume_point
 
@@ -70,3 +70,37 @@ def test_a_run_killed_while_saving_its_final_model_resumes_without_a_step_more(q
     assert trainer.state.global_step == 4
     assert (tmp_path / "adapter_model.safetensors").read_bytes() == final
     assert [r["num_tokens"] for r in state(tmp_path)["log_history"] if "num_tokens" in r] == tokens
+
+
+def kair_train(*flags: str):
+    import typer
+    from typer.testing import CliRunner
+
+    from train.cli import train_command
+
+    app = typer.Typer()
+    app.command("train")(train_command)
+    app.command("noop")(lambda: None)  # two commands, so "train" is a subcommand as under `kair`
+    return CliRunner().invoke(app, ["train", "--config", str(TINY_CONFIG), *flags])
+
+
+def test_data_and_resume_mistakes_are_one_line_from_kair_train(qwen_real_dir, sft_data_dir, tmp_path):
+    from datasets import load_from_disk
+
+    common = ["--set", f"model_name_or_path={qwen_real_dir}", "--set", f"output_dir={tmp_path / 'out'}",
+              "--set", "max_steps=1"]
+    # to-sft --validation-fraction 0 writes no validation split.
+    only_train = tmp_path / "only-train"
+    data = load_from_disk(str(sft_data_dir))
+    del data["validation"]
+    data.save_to_disk(str(only_train))
+    res = kair_train("--set", f"dataset_path={only_train}", *common)
+    assert res.exit_code == 2 and res.output.strip() == (
+        f"error: {only_train}: no split 'validation'; it has ['train']: hold out some questions (kair datagen "
+        "to-sft --validation-fraction), or set eval_strategy: no")
+    # Every chat longer than max_length: none left to train on.
+    res = kair_train("--set", f"dataset_path={sft_data_dir}", *common, "--set", "max_length=8")
+    assert res.exit_code == 2 and "none of its 50 training chats is left after tokenization" in res.output
+    res = kair_train("--set", f"dataset_path={sft_data_dir}", *common,
+                     "--set", f"resume_from_checkpoint={tmp_path / 'checkpoint-3'}")
+    assert res.exit_code == 2 and "checkpoint-3: not a complete checkpoint" in res.output

@@ -77,3 +77,29 @@ def test_index_build_never_replaces_a_folder_of_other_files(corpus_file, tmp_pat
 def test_serve_refuses_a_dir_that_is_not_an_index(tmp_path):
     result = runner.invoke(index_app, ["serve", "--index", str(tmp_path), "--port", "0"])
     assert result.exit_code == 2 and "not an index dir" in result.output and "Traceback" not in result.output
+
+
+def test_serve_on_port_0_names_the_port_it_got_and_a_taken_port_is_one_line(corpus_file, tmp_path, obvious):
+    import subprocess
+    import sys
+
+    import httpx
+
+    out = tmp_path / "bm25"
+    assert runner.invoke(index_app, ["build", "--corpus", str(corpus_file), "--out", str(out),
+                                     "--retriever", "bm25"]).exit_code == 0
+    kair = [sys.executable, "-c", "from kair_runtime.cli import main; main()", "index", "serve", "--index", str(out)]
+    proc = subprocess.Popen([*kair, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving bm25 index") and ":0/" not in line, line
+        url = line.split(" on ")[1].split()[0]
+        hits = httpx.post(url, json={"queries": [obvious[0][0]], "k": 1}, timeout=30).json()
+        assert hits["results"][0][0]["id"] == obvious[0][1]
+        port = url.rsplit(":", 1)[1].split("/")[0]
+        taken = subprocess.run([*kair, "--port", port], capture_output=True, text=True, timeout=120)
+        assert taken.returncode == 2 and taken.stderr.strip() == f"error: cannot serve on 127.0.0.1:{port}: " \
+                                                                 "Address already in use", taken.stderr
+    finally:
+        proc.kill()
+        proc.wait()
