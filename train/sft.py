@@ -60,6 +60,7 @@ import importlib
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -67,8 +68,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from kair_runtime.jsonl import JsonlError, iter_lines
 from kair_runtime.errors import UserError
+from kair_runtime.jsonl import JsonlError, iter_lines
 from kair_runtime.rundir import hold
 
 log = logging.getLogger("train.sft")
@@ -201,8 +202,6 @@ def resume_point(value: str | None, output_dir: str, tidy: bool) -> str | None:
                                  "trainer_state.json is missing or cut short: the run stopped while saving it); "
                                  "name an earlier one, or use 'last' for the newest complete one")
     if tidy:
-        import shutil
-
         for c in Path(output_dir).glob("checkpoint-*"):
             if c.is_dir() and not complete_checkpoint(c):
                 log.info("removing %s: a checkpoint the previous run did not finish saving", c)

@@ -236,6 +236,21 @@ def test_an_interrupted_training_goes_on_from_its_last_checkpoint(tmp_path, tiny
     assert [r["step"] for r in info["train_log"] if "loss" in r] == [1, 2]
 
 
+def test_the_benchmark_recipe_is_the_measured_one():
+    """docs/results.md's benchmark figures (the silver student, its rounds) were measured with these
+    settings of configs/demo/benchmark-cpu.yaml; change one and the figures must be measured again."""
+    cfg = load_demo_config("configs/demo/benchmark-cpu.yaml", [])
+    t, loop, llm = cfg.train, cfg.runtime.loop, cfg.runtime.llm
+    assert (t.steps, t.learning_rate, t.lr_scheduler_type, t.warmup_steps, t.batch_size) == (450, 1e-3, "cosine", 10, 4)
+    assert (t.use_peft, t.lora_r, t.lora_alpha, t.max_length, t.precision, t.seed) == (True, 16, 32, 1024, "bfloat16", 0)
+    assert (llm.model, llm.dtype, llm.batch_size, cfg.runtime.retriever.kind) == ("smollm2-135m", "bfloat16", 32, "bm25")
+    assert (loop.index_format, loop.max_steps, loop.top_k, loop.step_max_tokens, loop.answer_max_tokens,
+            loop.max_passage_words, loop.no_repeat_ngram, loop.structured) == ("kr", 3, 3, 160, 16, 40, 0, False)
+    assert [str(s) for s in cfg.train_sets] == ["hotpotqa:train", "musique:train", "2wikimultihopqa:train"]
+    assert (cfg.min_f1, cfg.validation_fraction, cfg.dev_limit) == (1.0, 0.05, 50)
+    assert (cfg.rounds.count, cfg.rounds.samples, cfg.rounds.temperature) == (0, 2, 0.7)
+
+
 def test_the_benchmark_students_train_config_matches_the_demos_training(tmp_path):
     """configs/train/smollm2-135m-benchmark-cpu.yaml trains students on other data with the settings
     `kair demo --config configs/demo/benchmark-cpu.yaml` writes; the two must not drift apart."""

@@ -107,6 +107,28 @@ def test_a_continued_round_trains_on_from_the_previous_student(tmp_path, tiny_mo
     assert "trained on from the previous one" in (out / "results.md").read_text()
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_round_teaches_on_vllm_with_the_student_merged_into_its_base(tmp_path, smollm2_model_dir, monkeypatch):
+    """rounds.backend vllm (`nox -s vllm`): the hf student's adapter is merged into the base once,
+    and that model writes the round's trajectories on vLLM's CPU build."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = tiny_cfg(tmp_path, smollm2_model_dir, eval_runs=["tuned-kair"],
+                   rounds=RoundSettings(count=1, questions=2, samples=1, backend="vllm"))
+    cfg.runtime.llm = dataclasses.replace(cfg.runtime.llm, kv_cache_gib=1.0, enforce_eager=True)
+    info = run_demo(cfg, Console(record=True, width=160))
+    out = tmp_path / "demo"
+    (record,) = info["rounds"]
+    merged = out / "round-1" / "teacher-model"
+    assert record["backend"] == "vllm" and record["teacher"] == str(merged) and (merged / "config.json").is_file()
+    taught = read_trajectories(next((out / "round-1" / "teacher").rglob("shard-*.jsonl")))
+    assert len(taught) == 4 and {t.extra["backend"] for t in taught} == {"vllm"}
+    assert sum(c["total"] for c in record["data"]["teacher_kept"].values()) == 4
+    # The round's student is trained and evaluated on the student's own (hf) backend.
+    assert [(r["model"].split(" ", 1)[1], r["dataset"]) for r in info["rows"]] == [
+        ("(tuned)", "demo-dev"), ("(round 1)", "demo-dev")]
+
+
 def test_an_unchained_round_draws_only_questions_silver_could_not_chain(tmp_path):
     from kair_runtime.records import Question
     from pipeline.demo_config import DemoConfig
