@@ -175,6 +175,9 @@ def train_student(cfg: DemoConfig, out: Path, console, init: Path | None = None
     if same and saved_student(student):
         console.print(f"reusing {student}: {path} has the same settings and the student was saved")
         return student, loss_log(student), False
+    if not same and any(student.glob("checkpoint-*")):  # `last` would resume another training's
+        raise ConfigError(f"{student} holds checkpoints of a training with other settings than these (see {path}); "
+                          "delete that folder to train again, or use another --out")
     if old != settings:
         atomic_write_text(path, f"# python -m train.sft --config {path}\n" + yaml.safe_dump(settings, sort_keys=False))
     checkpoint = last_checkpoint(student) if same and settings["resume_from_checkpoint"] == "last" else None

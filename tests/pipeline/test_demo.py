@@ -234,6 +234,12 @@ def test_an_interrupted_training_goes_on_from_its_last_checkpoint(tmp_path, tiny
     state = json.loads((adapter / "trainer_state.json").read_text())
     assert state["global_step"] == 2 and info["trained_this_run"] and (adapter / "adapter_config.json").is_file()
     assert [r["step"] for r in info["train_log"] if "loss" in r] == [1, 2]
+    # Checkpoints of a training with other settings are never resumed as this one's.
+    (adapter / "adapter_config.json").unlink()
+    train_yaml = tmp_path / "demo" / "train.yaml"
+    train_yaml.write_text(train_yaml.read_text().replace("learning_rate: 0.005", "learning_rate: 0.004"))
+    with pytest.raises(ConfigError, match=r"adapter holds checkpoints of a training with other settings"):
+        run_demo(cfg, Console(record=True, width=200))
 
 
 def test_the_benchmark_recipe_is_the_measured_one():
