@@ -48,7 +48,7 @@ def _fail(e: Exception | str) -> None:
     raise typer.Exit(2)
 
 
-def _fail_output(e: OSError, out: str | None) -> None:
+def _fail_output(e: OSError, out: str | Path | None) -> None:
     # An output folder the OS refuses (a file in its place, read-only, a full disk), named as --out.
     _fail(os_error_line(e, out, "--out") if out else e)
 
@@ -191,7 +191,7 @@ def quality_cmd(
     except (*USER_ERRORS, ValueError) as e:
         _fail(e)
     except OSError as e:
-        _fail(os_error_line(e, dest, "--out") if dest else e)
+        _fail_output(e, dest)
     print_quality(report.rows)
     typer.echo(f"{dest.name}, {dest.with_suffix('.md').name} -> {dest.parent}")
 

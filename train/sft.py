@@ -478,8 +478,10 @@ def main(script_args: KairSFTArguments, training_args, model_args):
     # TRL writes the model card at each checkpoint and PEFT's final save adds to that file; written
     # again here, a resumed run that saved no checkpoint (or found the card cut short by a kill)
     # ends with the card an uninterrupted run has.
-    if hasattr(trainer, "create_model_card"):
-        trainer.create_model_card(model_name=(training_args.hub_model_id or training_args.output_dir).split("/")[-1])
+    if hasattr(trainer, "create_model_card"):  # the model name TRL's own _save_checkpoint gives it
+        hub_id = training_args.hub_model_id
+        trainer.create_model_card(model_name=Path(training_args.output_dir).name if hub_id is None
+                                  else hub_id.split("/")[-1])
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json beside the weights: the loss history of this run
     if model_args.use_peft and script_args.check_adapter and trainer.is_world_process_zero():
