@@ -1,16 +1,19 @@
-"""python bench/cpu_ceiling.py [--sft-data runs/distill-cpu/sft/dataset] [--train-steps 4] [--questions 32] [--batches 8,32] [--breakdown] [--profile]
+"""python bench/cpu_ceiling.py [--sft-data runs/distill-cpu/sft/dataset] [--train-steps 8] [--questions 32] [--batches 8,32] [--breakdown] [--profile]
 
 How close training and generation come to this CPU's ceiling, float32 (the recipe before
 2026-12-05) against the new default (bfloat16 on AMX), measured in one run:
 
 1. the ceiling: a 2048 x 2048 matmul in float32 and in bfloat16, GFLOP/s on all torch threads;
 2. training: the benchmark student (configs/train/smollm2-135m-benchmark-cpu.yaml: SmolLM2-135M,
-   LoRA r16 on every projection, batch 4, assistant-only loss) on the same batches of real SFT
-   chats, built by train/sft.py's own build_trainer and stepped by the Trainer's training_step and
-   optimizer under the accelerator's autocast, as Trainer.train() runs them. float32: float32
-   weights, no autocast, the LM head over every position (train/sft.py before); new default: a
-   bf16 frozen base, bf16 autocast, float32 adapter, the LM head on labelled positions only.
-   Prints real (non-padding) tokens/s, the padding share, and the variants' loss on each batch;
+   LoRA r16 on every projection, batch 4, assistant-only loss) on batches of real SFT chats spread
+   over one epoch of each variant's sampler, built by train/sft.py's own build_trainer and stepped
+   by the Trainer's training_step and optimizer under the accelerator's autocast, inside the same
+   contexts train/sft.py trains in. float32 (train/sft.py before): float32 weights, no autocast,
+   the LM head over every position, random batches; new default: a bf16 frozen base, bf16 autocast,
+   float32 adapter fed its bf16 input uncast, the LM head on labelled positions only, and batches
+   grouped by length (the config's train_sampling_strategy). Prints real (non-padding) tokens/s,
+   the padding share, and each variant's loss on each batch (the random-batch variants share
+   their batches, so their losses compare);
 3. generation: the KAIR loop on the hf backend (SmolLM2-135M, MiniLM dense over the demo corpus,
    bench/loop_batching.py's questions and loop: 2 steps, 64 step tokens), float32 vs bfloat16
    weights and KV cache, at each batch size: output tokens/s, and how many greedy traces agree
@@ -40,7 +43,8 @@ from loop_batching import outputs, questions
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_CONFIG = ROOT / "configs" / "train" / "smollm2-135m-benchmark-cpu.yaml"
-FLOAT32_TRAINING = ["--dtype", "float32", "--bf16", "false", "--lm_head_on_labels_only", "false"]
+RANDOM_BATCHES = ["--train_sampling_strategy", "random"]
+FLOAT32_TRAINING = ["--dtype", "float32", "--bf16", "false", "--lm_head_on_labels_only", "false", *RANDOM_BATCHES]
 
 
 # ---------------------------------------------------------------- training
@@ -61,14 +65,17 @@ def build(variant_flags: list[str], sft_data: Path, out: Path):
 
 
 def time_training(name: str, flags: list[str], sft_data: Path, steps: int, profile: bool) -> dict:
-    from train.sft import labelled_positions_only
+    """Time `steps` training steps (after one untimed warm-up) on batches spread evenly over one epoch
+    of this variant's own sampler: length-grouped batches run from the longest to the shortest within
+    each group, so the first few would not be a fair sample."""
+    from train.sft import adapter_inputs_uncast, labelled_positions_only
 
     with tempfile.TemporaryDirectory() as tmp:
         trainer, script_args = build(flags, sft_data, Path(tmp))
     model = trainer.model
     model.train()
-    loader = iter(trainer.get_train_dataloader())
-    batches = [next(loader) for _ in range(steps + 1)]  # the first step warms up and is not timed
+    epoch = list(trainer.get_train_dataloader())
+    batches = [epoch[i * len(epoch) // (steps + 1)] for i in range(steps + 1)]
 
     def step(b):
         with trainer.accelerator.autocast():
@@ -78,7 +85,8 @@ def time_training(name: str, flags: list[str], sft_data: Path, steps: int, profi
         return float(loss)
 
     losses, seconds = [], 0.0
-    with labelled_positions_only(trainer.args.device, script_args.lm_head_on_labels_only):
+    with (labelled_positions_only(trainer.args.device, script_args.lm_head_on_labels_only),
+          adapter_inputs_uncast(model, trainer.args)):
         for i, b in enumerate(batches):
             t0 = time.perf_counter()
             losses.append(step(b))
@@ -157,7 +165,7 @@ def time_generation(dtype: str, batches: list[int], n_questions: int, profile: b
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sft-data", default="runs/distill-cpu/sft/dataset")
-    ap.add_argument("--train-steps", type=int, default=4, help="timed steps per variant (after one warm-up step)")
+    ap.add_argument("--train-steps", type=int, default=8, help="timed steps per variant (after one warm-up step)")
     ap.add_argument("--questions", type=int, default=32)
     ap.add_argument("--batches", default="8,32")
     ap.add_argument("--skip", default="", help="comma-separated phases to skip: train, generate")
@@ -183,17 +191,19 @@ def main() -> None:
             sft = write_demo_sft(Path(tempfile.mkdtemp()) / "sft")
             print(f"{args.sft_data} is not an SFT DatasetDict: using the embedded demo's SFT chats (shorter)")
         variants = [("float32", FLOAT32_TRAINING), ("new default", [])]
-        if args.breakdown:  # each change alone
-            variants += [("f32 labelled", ["--dtype", "float32", "--bf16", "false"]),
-                         ("bf16 all pos", ["--lm_head_on_labels_only", "false"])]
+        if args.breakdown:  # each change alone, on float32's batches
+            variants += [("f32 labelled", ["--dtype", "float32", "--bf16", "false", *RANDOM_BATCHES]),
+                         ("bf16 all pos", ["--lm_head_on_labels_only", "false", *RANDOM_BATCHES]),
+                         ("bf16 random", RANDOM_BATCHES)]
         runs = [time_training(name, flags, sft, args.train_steps, args.profile) for name, flags in variants]
-        print(f"\ntraining, LoRA SmolLM2-135M, batch 4, {args.train_steps} timed steps on the same batches of {sft}:")
+        print(f"\ntraining, LoRA SmolLM2-135M, batch 4, {args.train_steps} timed steps over one epoch of {sft}:")
         for r in runs:
             print(f"  {r['name']:12s} {r['real_tokens'] / r['seconds']:7.1f} real tok/s, {r['seconds'] / args.train_steps:5.2f}"
                   f" s/step, padding {r['padding']:.1%}, MFU {mfu(r['flops'], r['seconds'], bf16)} of bf16 "
                   f"({mfu(r['flops'], r['seconds'], f32)} of float32); weights {', '.join(r['dtypes'])}; "
                   f"losses {' '.join(f'{x:.4f}' for x in r['losses'])}")
-        print(f"  new default / float32: x{runs[0]['seconds'] / runs[1]['seconds']:.2f} tokens/s")
+        rate = {r["name"]: r["real_tokens"] / r["seconds"] for r in runs}
+        print(f"  new default / float32: x{rate['new default'] / rate['float32']:.2f} real tokens/s")
         print("  padding share of one epoch at batch 4: " + ", ".join(
             f"{s} sampling {epoch_padding(sft, s):.1%}" for s in ("random", "group_by_length")))
 

@@ -364,6 +364,27 @@ def labelled_positions_only(device, enabled: bool = True) -> Iterator[bool]:
         trl_utils._use_triton = gate
 
 
+@contextmanager
+def adapter_inputs_uncast(model, training_args) -> Iterator[bool]:
+    """While training on a CPU under bf16/fp16 autocast, keep PEFT from casting each LoRA layer's
+    input to its float32 adapter weight's dtype.
+
+    PEFT (0.21) copies the activations entering every LoRA layer to the adapter's float32, and
+    autocast then copies them back to bf16 for the adapter's matmul: two full copies per adapted
+    projection, forward and backward (210 layers on SmolLM2-135M), 10% of a bf16 step
+    (bench/cpu_ceiling.py). Since the input is bf16 already and autocast computes the matmul in
+    bf16 either way, leaving it uncast gives the same loss and gradients bit for bit (tested in
+    tests/train/test_train_precision.py). Only on a CPU under autocast, where it was measured; on a
+    GPU (DeepSpeed's bf16 runs without autocast, 4-bit layers cast their own way) PEFT's casting
+    stays. Restored on exit; yields whether it is in force."""
+    from peft.helpers import disable_input_dtype_casting
+
+    active = (getattr(training_args.device, "type", str(training_args.device)) == "cpu"
+              and bool(training_args.bf16 or training_args.fp16))
+    with disable_input_dtype_casting(model, active=active):
+        yield active
+
+
 def prepare_tokenizer(script_args: KairSFTArguments, training_args, model_args, train_dataset):
     """Load the tokenizer, switch to a training template with generation markers when needed,
     and make sure pad is not the end-of-turn token. Returns (tokenizer, the model's own template,
@@ -468,7 +489,8 @@ def main(script_args: KairSFTArguments, training_args, model_args):
                           tidy=trainer.is_world_process_zero())
     if resume is not None:
         restore_token_count(trainer, resume)
-    with labelled_positions_only(trainer.args.device, script_args.lm_head_on_labels_only):
+    with (labelled_positions_only(trainer.args.device, script_args.lm_head_on_labels_only),
+          adapter_inputs_uncast(trainer.model, training_args)):
         try:
             trainer.train(resume_from_checkpoint=resume)
         except ScheduleDone:

@@ -43,6 +43,53 @@ def test_the_lm_head_on_labelled_positions_gives_the_same_loss_and_gradients(qwe
         assert not active and trl_utils._use_triton is gate
 
 
+def test_adapter_inputs_left_uncast_under_autocast_give_the_same_loss_and_gradients(qwen_real_dir, sft_data_dir,
+                                                                                      tmp_path):
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    from train.sft import adapter_inputs_uncast, build_trainer
+
+    trainer = build_trainer(*tiny_args(qwen_real_dir, sft_data_dir, tmp_path, "--per_device_train_batch_size", "4",
+                                       "--dtype", "bfloat16", "--bf16", "true"))
+    model = trainer.model
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}  # the adapter
+    batch = next(iter(trainer.get_train_dataloader()))
+
+    def under_autocast():
+        with trainer.accelerator.autocast():
+            return _loss_and_grads(trainer, batch)
+
+    cast_loss, cast_grads = under_autocast()
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    with adapter_inputs_uncast(model, trainer.args) as active:
+        assert active and layers and not any(m.cast_input_dtype_enabled for m in layers)
+        loss, grads = under_autocast()
+    assert all(m.cast_input_dtype_enabled for m in layers)  # restored
+
+    assert loss == cast_loss
+    assert grads.keys() == cast_grads.keys() and grads
+    for name, g in grads.items():
+        assert torch.equal(g, cast_grads[name]), name
+    trainer.args.bf16 = False  # no autocast: the adapter's float32 matmul needs its input cast
+    with adapter_inputs_uncast(model, trainer.args) as active:
+        assert not active and all(m.cast_input_dtype_enabled for m in layers)
+
+
+def test_length_grouped_batches_carry_less_padding_than_random_ones(qwen_real_dir, sft_data_dir, tmp_path):
+    """The benchmark recipe's train_sampling_strategy reaches the Trainer's sampler through train/sft.py."""
+    from train.sft import build_trainer
+
+    def epoch_padding(strategy):
+        trainer = build_trainer(*tiny_args(qwen_real_dir, sft_data_dir, tmp_path / strategy,
+                                           "--per_device_train_batch_size", "2", "--train_sampling_strategy", strategy))
+        batches = list(trainer.get_train_dataloader())
+        real = sum(int(b["attention_mask"].sum()) for b in batches)
+        assert real == sum(len(ids) for ids in trainer.train_dataset["input_ids"])  # one epoch, every chat once
+        return 1 - real / sum(b["input_ids"].numel() for b in batches)
+
+    assert epoch_padding("group_by_length") < epoch_padding("random")
+
+
 def _tiny_causal_lm(model_dir):
     from transformers import AutoModelForCausalLM
 
