@@ -10,10 +10,11 @@ How close training and generation come to this CPU's ceiling, float32 (the recip
    by the Trainer's training_step and optimizer under the accelerator's autocast, inside the same
    contexts train/sft.py trains in. float32 (train/sft.py before): float32 weights, no autocast,
    the LM head over every position, random batches; new default: a bf16 frozen base, bf16 autocast,
-   float32 adapter fed its bf16 input uncast, the LM head on labelled positions only, and batches
-   grouped by length (the config's train_sampling_strategy). Prints real (non-padding) tokens/s,
-   the padding share, and each variant's loss on each batch (the random-batch variants share
-   their batches, so their losses compare);
+   float32 adapter fed its bf16 input uncast, the LM head on labelled positions only. With
+   --breakdown also each change alone, and the new default on batches grouped by length
+   (train_sampling_strategy: group_by_length). Prints real (non-padding) tokens/s, the padding
+   share, and each variant's loss on each batch (the random-batch variants share their batches,
+   so their losses compare);
 3. generation: the KAIR loop on the hf backend (SmolLM2-135M, MiniLM dense over the demo corpus,
    bench/loop_batching.py's questions and loop: 2 steps, 64 step tokens), float32 vs bfloat16
    weights and KV cache, at each batch size: output tokens/s, and how many greedy traces agree
@@ -43,8 +44,7 @@ from loop_batching import outputs, questions
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_CONFIG = ROOT / "configs" / "train" / "smollm2-135m-benchmark-cpu.yaml"
-RANDOM_BATCHES = ["--train_sampling_strategy", "random"]
-FLOAT32_TRAINING = ["--dtype", "float32", "--bf16", "false", "--lm_head_on_labels_only", "false", *RANDOM_BATCHES]
+FLOAT32_TRAINING = ["--dtype", "float32", "--bf16", "false", "--lm_head_on_labels_only", "false"]
 
 
 # ---------------------------------------------------------------- training
@@ -162,6 +162,14 @@ def time_generation(dtype: str, batches: list[int], n_questions: int, profile: b
 
 # ---------------------------------------------------------------- report
 
+def allocator() -> str:
+    """The malloc this process runs on: the C library's unless LD_PRELOAD put jemalloc or tcmalloc
+    first (jemalloc was tried against glibc's malloc and gained nothing here: docs/results.md)."""
+    maps = Path("/proc/self/maps")
+    libs = maps.read_text() if maps.is_file() else ""
+    return next((name for name in ("jemalloc", "tcmalloc") if f"lib{name}" in libs), "the C library's")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sft-data", default="runs/distill-cpu/sft/dataset")
@@ -175,7 +183,7 @@ def main() -> None:
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, oneDNN "
-          f"{'on' if torch.backends.mkldnn.is_available() else 'off'}")
+          f"{'on' if torch.backends.mkldnn.is_available() else 'off'}, allocator {allocator()}")
 
     f32, bf16 = matmul_gflops(torch.float32), matmul_gflops(torch.bfloat16)
     print(f"ceiling: 2048^3 matmul float32 {f32:.0f} GFLOP/s, bfloat16 {bf16:.0f} GFLOP/s (x{bf16 / f32:.2f})")
@@ -191,10 +199,10 @@ def main() -> None:
             sft = write_demo_sft(Path(tempfile.mkdtemp()) / "sft")
             print(f"{args.sft_data} is not an SFT DatasetDict: using the embedded demo's SFT chats (shorter)")
         variants = [("float32", FLOAT32_TRAINING), ("new default", [])]
-        if args.breakdown:  # each change alone, on float32's batches
-            variants += [("f32 labelled", ["--dtype", "float32", "--bf16", "false", *RANDOM_BATCHES]),
-                         ("bf16 all pos", ["--lm_head_on_labels_only", "false", *RANDOM_BATCHES]),
-                         ("bf16 random", RANDOM_BATCHES)]
+        if args.breakdown:  # each change alone, and batches grouped by length (an option, not the recipe's)
+            variants += [("f32 labelled", ["--dtype", "float32", "--bf16", "false"]),
+                         ("bf16 all pos", ["--lm_head_on_labels_only", "false"]),
+                         ("grouped", ["--train_sampling_strategy", "group_by_length"])]
         runs = [time_training(name, flags, sft, args.train_steps, args.profile) for name, flags in variants]
         print(f"\ntraining, LoRA SmolLM2-135M, batch 4, {args.train_steps} timed steps over one epoch of {sft}:")
         for r in runs:
