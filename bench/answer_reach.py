@@ -1,8 +1,8 @@
 """python bench/answer_reach.py RUN [RUN ...] [--run tuned-kair]
 
 Whether a student fails at searching or at reading: per dev set, how many questions had a gold
-answer in the final prompt the student answered from (its normalised text inside the prompt's
-normalised text) and in all the passages the loop retrieved, and the student's mean F1 on the
+answer in the final prompt the student answered from (the acc metric's rule: its normalised text
+inside the prompt's) and in all the passages the loop retrieved, and the student's mean F1 on the
 questions whose final prompt held an answer and on those whose did not. Reads
 RUN/traces/<dataset>/<run>.jsonl of `kair demo` or `kair eval` run folders. A short answer ("no",
 "yes", a year) can occur in a prompt by chance, so on comparison questions the counts are upper
@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from eval.metrics import normalize_answer, score_trace
+from eval.metrics import cover_accuracy, score_trace
 from kair_runtime.jsonl import iter_json_records
 from kair_runtime.records import Trace
 
 
 def holds_answer(text: str, golds: list[str]) -> bool:
-    norm = f" {normalize_answer(text)} "
-    return any(g and f" {g} " in norm for g in map(normalize_answer, golds))
+    """A gold answer inside the text, as the acc metric (cover accuracy) judges a prediction."""
+    return any(cover_accuracy(text, g) for g in golds)
 
 
 def main() -> None:
