@@ -25,6 +25,10 @@ def holds_answer(text: str, golds: list[str]) -> bool:
     return any(cover_accuracy(text, g) for g in golds)
 
 
+def mean(xs: list[float]) -> str:
+    return f"{sum(xs) / len(xs):.1f}" if xs else "-"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("runs", nargs="+")
@@ -44,7 +48,6 @@ def main() -> None:
                 seen += in_prompt
                 found += holds_answer(passages, golds)
                 (f1_in if in_prompt else f1_out).append(100 * score_trace(t).scores["f1"])
-            mean = (lambda xs: f"{sum(xs) / len(xs):.1f}" if xs else "-")
             print(f"{root:34s} {path.parent.name:16s} {len(traces):3d} {seen:9d} {found:9d} {mean(f1_in):>19s} "
                   f"{mean(f1_out):>6s}")
 

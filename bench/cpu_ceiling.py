@@ -68,7 +68,7 @@ def time_training(name: str, flags: list[str], sft_data: Path, steps: int, profi
     """Time `steps` training steps (after one untimed warm-up) on batches spread evenly over one epoch
     of this variant's own sampler: length-grouped batches run from the longest to the shortest within
     each group, so the first few would not be a fair sample."""
-    from train.sft import adapter_inputs_uncast, labelled_positions_only
+    from train.sft import cpu_fast_paths
 
     with tempfile.TemporaryDirectory() as tmp:
         trainer, script_args = build(flags, sft_data, Path(tmp))
@@ -85,8 +85,7 @@ def time_training(name: str, flags: list[str], sft_data: Path, steps: int, profi
         return float(loss)
 
     losses, seconds = [], 0.0
-    with (labelled_positions_only(trainer.args.device, script_args.lm_head_on_labels_only),
-          adapter_inputs_uncast(model, trainer.args)):
+    with cpu_fast_paths(trainer, script_args):
         for i, b in enumerate(batches):
             t0 = time.perf_counter()
             losses.append(step(b))

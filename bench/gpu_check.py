@@ -147,7 +147,7 @@ def sft_worker(args) -> None:
     from bench.flops import Shape, gpu_peak_tflops, matmul_gflops, training_flops
     from bench.train_gpu import CountingCollator
     from train.checks import check_adapter
-    from train.sft import build_trainer, labelled_positions_only, parse_args
+    from train.sft import build_trainer, cpu_fast_paths, parse_args
 
     plan = TOY_PLAN if args.toy else GPU_PLAN
     cuda = torch.cuda.is_available() and not args.toy
@@ -182,7 +182,7 @@ def sft_worker(args) -> None:
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    with labelled_positions_only(trainer.args.device, script_args.lm_head_on_labels_only):
+    with cpu_fast_paths(trainer, script_args):
         trainer.train()
     accum = training_args.gradient_accumulation_steps
     batches = counter.batches[:plan.sft_steps * accum]  # the loader fetches one batch ahead

@@ -335,6 +335,11 @@ def disable_bnb_cpu_repack(model, bnb) -> int:
     return changed
 
 
+def on_cpu(device) -> bool:
+    """A torch.device or a device string names the CPU."""
+    return getattr(device, "type", str(device)) == "cpu"
+
+
 @contextmanager
 def labelled_positions_only(device, enabled: bool = True) -> Iterator[bool]:
     """While training on a CPU, make TRL's fused LM head project only the labelled positions.
@@ -352,7 +357,7 @@ def labelled_positions_only(device, enabled: bool = True) -> Iterator[bool]:
     import trl.trainer.utils as trl_utils
 
     gate = getattr(trl_utils, "_use_triton", None)
-    if not enabled or getattr(device, "type", str(device)) != "cpu" or gate is None:
+    if not enabled or not on_cpu(device) or gate is None:
         if enabled and gate is None:
             log.warning("this TRL has no trl.trainer.utils._use_triton: the LM head scores every position on CPU")
         yield False
@@ -379,10 +384,19 @@ def adapter_inputs_uncast(model, training_args) -> Iterator[bool]:
     stays. Restored on exit; yields whether it is in force."""
     from peft.helpers import disable_input_dtype_casting
 
-    active = (getattr(training_args.device, "type", str(training_args.device)) == "cpu"
-              and bool(training_args.bf16 or training_args.fp16))
+    active = on_cpu(training_args.device) and bool(training_args.bf16 or training_args.fp16)
     with disable_input_dtype_casting(model, active=active):
         yield active
+
+
+@contextmanager
+def cpu_fast_paths(trainer, script_args: KairSFTArguments) -> Iterator[None]:
+    """The contexts a training runs in (main, and the benches that step the Trainer themselves):
+    the LM head on labelled positions and the adapter's input uncast, each active only where it
+    applies."""
+    with (labelled_positions_only(trainer.args.device, script_args.lm_head_on_labels_only),
+          adapter_inputs_uncast(trainer.model, trainer.args)):
+        yield
 
 
 def prepare_tokenizer(script_args: KairSFTArguments, training_args, model_args, train_dataset):
@@ -489,8 +503,7 @@ def main(script_args: KairSFTArguments, training_args, model_args):
                           tidy=trainer.is_world_process_zero())
     if resume is not None:
         restore_token_count(trainer, resume)
-    with (labelled_positions_only(trainer.args.device, script_args.lm_head_on_labels_only),
-          adapter_inputs_uncast(trainer.model, training_args)):
+    with cpu_fast_paths(trainer, script_args):
         try:
             trainer.train(resume_from_checkpoint=resume)
         except ScheduleDone:

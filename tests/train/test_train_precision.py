@@ -76,7 +76,7 @@ def test_adapter_inputs_left_uncast_under_autocast_give_the_same_loss_and_gradie
 
 
 def test_length_grouped_batches_carry_less_padding_than_random_ones(qwen_real_dir, sft_data_dir, tmp_path):
-    """The benchmark recipe's train_sampling_strategy reaches the Trainer's sampler through train/sft.py."""
+    """train_sampling_strategy (a benchmark-recipe option) reaches the Trainer's sampler via train/sft.py."""
     from train.sft import build_trainer
 
     def epoch_padding(strategy):
