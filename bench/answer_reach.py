@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from eval.metrics import cover_accuracy, score_trace
+from eval.metrics import score, score_trace
 from kair_runtime.jsonl import iter_json_records
 from kair_runtime.records import Trace
 
 
 def holds_answer(text: str, golds: list[str]) -> bool:
     """A gold answer inside the text, as the acc metric (cover accuracy) judges a prediction."""
-    return any(cover_accuracy(text, g) for g in golds)
+    return score(text, golds, ["acc"])["acc"] == 1.0
 
 
 def mean(xs: list[float]) -> str:
@@ -43,7 +43,7 @@ def main() -> None:
             for t in traces:
                 golds = t.question.answers
                 prompt = " ".join(m["content"] for m in t.final_prompt or [])
-                passages = " ".join(p.text for s in t.steps for p in s.retrieved)
+                passages = " ".join(p.text for p in t.all_passages())
                 in_prompt = holds_answer(prompt, golds)
                 seen += in_prompt
                 found += holds_answer(passages, golds)
