@@ -4,6 +4,7 @@
     kair datagen filter runs/datagen/teacher --out runs/datagen/filtered --best-k 2
     kair datagen to-sft runs/datagen/filtered --out runs/datagen/sft
     kair datagen silver --config configs/datagen/silver.yaml
+    kair datagen relabel runs/datagen/teacher --datasets hotpotqa:train --out runs/datagen/relabelled
     kair datagen quality runs/datagen/silver
 
 Every command takes `--config FILE` (a dataclass config: an unknown key is an error) and
@@ -21,6 +22,7 @@ import typer
 from data_gen.filter import FilterConfig, print_report, run_filter
 from data_gen.quality import QualityConfig, assess_quality, print_quality, write_quality
 from data_gen.sft import SFTDataConfig, build_sft
+from data_gen.relabel import RelabelConfig, relabel
 from data_gen.silver import SilverConfig, silver, silver_counts
 from data_gen.store import read_trajectories
 from data_gen.teacher import GenerateConfig, generate
@@ -168,6 +170,32 @@ def silver_cmd(
     for name, c in silver_counts(traces).items():
         typer.echo(f"{name}: {c['complete']} / {c['total']} complete")
     typer.echo(f"{len(traces)} trajectories -> {path}")
+
+
+@datagen_app.command("relabel")
+def relabel_cmd(
+    trajectories: Optional[str] = typer.Argument(None, help="A model's trajectories (a generate output folder)."),
+    config: Optional[str] = CONFIG,
+    set_: list[str] = SET,
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output folder (default runs/datagen/relabelled)."),
+    datasets: Optional[str] = typer.Option(None, help="Comma-separated NAME[:SPLIT|:FILE]: the questions' gold."),
+    corpus: Optional[str] = typer.Option(None, help="The passages the trajectories retrieved from."),
+) -> None:
+    """Label every step a model took with the step its question's gold chain implies (DAgger)."""
+    cfg = None
+    try:
+        cfg = load_config(RelabelConfig, config, set_, {"trajectories": trajectories, "out_dir": out,
+                                                 "datasets": datasets_flag(datasets), "corpus": corpus})
+        stats = relabel(cfg)
+    except (*USER_ERRORS, ValueError) as e:
+        _fail(e)
+    except OSError as e:
+        _fail_output(e, cfg and cfg.out_dir)
+    for name, d in stats["datasets"].items():
+        skipped = {k.removeprefix("skipped: "): v for k, v in d.items() if k.startswith("skipped: ")}
+        typer.echo(f"{name}: {d.get('relabelled', 0)} / {d['trajectories']} relabelled, skipped {skipped}; "
+                   f"judgments {d['judgments']}")
+    typer.echo(f"{stats['examples']} examples: examples.jsonl, stats.json -> {cfg.out_dir}")
 
 
 @datagen_app.command("quality")

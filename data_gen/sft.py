@@ -68,6 +68,9 @@ class SFTDataConfig:
     prompt_source: str = "canonical"  # canonical | recorded
     check_recorded: bool = True
     include_answer: bool = True
+    # Examples already in this layout to train on too (`kair datagen relabel`'s examples.jsonl):
+    # split with the rest by question id; their prompt version must be these settings'.
+    extra_examples: list[str] = field(default_factory=list)
 
     def validate(self, where: str = "") -> None:
         check_ranges(self, {"validation_fraction": HELD_OUT}, where)
@@ -238,11 +241,15 @@ def build_sft(cfg: SFTDataConfig, traces: list[Trace] | None = None) -> dict[str
             skipped[source_key(t)] = str(e)
     if not rows:
         raise SFTError(f"no trajectory could be converted ({len(skipped)} not reproducible through the loop)")
-    val_ids = split_questions([t.question.id for t in used], cfg.validation_fraction, cfg.seed)
+    extra = extra_rows(cfg, {r["prompt_version"] for r in rows})
+    rows += extra
+    val_ids = split_questions([t.question.id for t in used] + [r["question_id"] for r in extra],
+                              cfg.validation_fraction, cfg.seed)
     splits = {"train": [r for r in rows if r["question_id"] not in val_ids],
               "validation": [r for r in rows if r["question_id"] in val_ids]}
     stats = sft_stats(used, splits, cfg, filter_report(cfg.trajectories), sorted({p.version for p in cache.values()}))
     stats["skipped_not_reproducible"] = skipped
+    stats["extra_examples"] = {"files": list(cfg.extra_examples), "by_source": dict(Counter(r["source"] for r in extra))}
     # The jsonl files, the dataset and the card agree after a kill at any point: the folder is
     # built beside the old one and replaces it whole.
     with replaced_folder(cfg.out_dir, "stats.json") as out:
@@ -257,6 +264,28 @@ def build_sft(cfg: SFTDataConfig, traces: list[Trace] | None = None) -> dict[str
         atomic_write_text(out / "stats.json", json.dumps(stats, indent=2, ensure_ascii=False))
         atomic_write_text(out / "README.md", dataset_card(stats))
     return stats
+
+
+def extra_rows(cfg: SFTDataConfig, versions: set[str]) -> list[dict[str, Any]]:
+    """The rows of cfg.extra_examples, checked to have the trajectories' columns and prompts."""
+    from kair_runtime.jsonl import iter_json_records
+
+    columns = ("messages", "question_id", "kind", "step", "source", "dataset", "sample_id", "trajectory",
+               "prompt_version", "index_format")
+    out = []
+    for path in cfg.extra_examples:
+        for where, row in iter_json_records(path):
+            missing = [c for c in columns if c not in row]
+            if missing or set(row) - set(columns):
+                raise SFTError(f"{where}: not an example row (missing {missing}, unknown "
+                               f"{sorted(set(row) - set(columns))})")
+            if row["prompt_version"] not in versions:
+                raise SFTError(f"{where}: prompt version {row['prompt_version']} is not the trajectories' "
+                               f"({', '.join(sorted(versions))}): it was made with other prompt settings")
+            if not row["messages"] or row["messages"][-1].get("role") != "assistant":
+                raise SFTError(f"{where}: the last message is not the assistant's target")
+            out.append({c: row[c] for c in columns})
+    return out
 
 
 def filter_report(path: str | None) -> dict[str, Any] | None:

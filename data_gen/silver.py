@@ -132,6 +132,22 @@ class ChainState:
                     return qy
         return pending[0].queries[0] if pending and pending[0].queries else self.question.question
 
+    def step_output(self, query: str, docs: list[ScoredPassage], prev: Index, fmt_name: str) -> tuple[str, bool]:
+        """The step the chain implies after searching `query` and reading `docs`, on top of the
+        index `prev` the prompt showed, and whether the chain is now complete. Always a merge
+        with `prev`, whatever loop.index_update says: the loop's parser then applies index_update
+        to this output as it would to a model's."""
+        self.tried.add(norm_key(query))
+        for p in docs:
+            self.seen.setdefault(p.id, p)
+        supported = self.supported()
+        complete = len(supported) == len(self.hops)
+        fmt = get_format(fmt_name)
+        index = fmt.merge(prev, INDEX_BUILDERS[fmt.name](anchors(supported, docs, self.hops, self.question.question)))
+        next_query = None if complete else self.next_query()
+        return render_step_output(index, reasoning_for(supported, complete, next_query),
+                                  "sufficient" if complete else "insufficient", next_query), complete
+
 
 class GoldOracle:
     """The LLM a silver trajectory replays through KairLoop: at each step it writes the output the
@@ -143,7 +159,6 @@ class GoldOracle:
 
     def __init__(self, format_name: str):
         self.fmt = get_format(format_name)
-        self.builder = INDEX_BUILDERS[self.fmt.name]
         self.chains: dict[int, ChainState] = {}  # by id(trace): questions may share an id or a text
         self.error: Exception | None = None
 
@@ -159,19 +174,9 @@ class GoldOracle:
             raise
 
     def _step(self, state: QuestionState) -> str:
-        c, docs, steps = self.chains[id(state.trace)], state.retrieved, state.trace.steps
-        c.tried.add(norm_key(state.query))
-        for p in docs:
-            c.seen.setdefault(p.id, p)
-        supported = c.supported()
-        complete = len(supported) == len(c.hops)
-        # Always a merge with the step before, whatever loop.index_update says: the loop's parser
-        # then applies index_update to this output as it would to a model's.
+        steps = state.trace.steps
         prev = steps[-1].index if steps else Index(format=self.fmt.name)
-        index = self.fmt.merge(prev, self.builder(anchors(supported, docs, c.hops, c.question.question)))
-        next_query = None if complete else c.next_query()
-        return render_step_output(index, reasoning_for(supported, complete, next_query),
-                                  "sufficient" if complete else "insufficient", next_query)
+        return self.chains[id(state.trace)].step_output(state.query, state.retrieved, prev, self.fmt.name)[0]
 
     def _answer(self, state: QuestionState) -> str:
         q = self.chains[id(state.trace)].question
