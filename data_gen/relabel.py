@@ -89,34 +89,25 @@ def relabel_trace(trace: Trace, question: Question, gold: GoldDocs, prompt_versi
     return Relabelled(examples, judged)
 
 
-def relabel(cfg: RelabelConfig) -> dict[str, Any]:
-    """Relabel every trajectory under cfg.trajectories; write OUT/examples.jsonl and stats.json
-    (whole files, so a rerun rebuilds them); return the stats."""
-    if not cfg.trajectories:
-        raise ConfigError("no trajectories: pass TRAJECTORIES or set `trajectories`")
-    traces = read_trajectories(cfg.trajectories)
-    if not traces:
-        raise ConfigError(f"{cfg.trajectories}: no trajectories to relabel")
-    out = Path(cfg.out_dir)
-    by_id = {q.id: q for q in load_questions(cfg.datasets)}
-    corpus = cfg.corpus or closed_corpus(cfg.datasets, cfg.extra_corpus, out / "corpus.jsonl")
-    gold = GoldDocs(corpus)
-    version = PromptSet.for_loop(cfg.runtime.loop).version
+def relabel_traces(traces: list[Trace], questions: dict[str, Question], gold: GoldDocs,
+                   prompt_version: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every trace relabelled: the example rows, and the stats (per dataset: trajectories,
+    relabelled, skipped by reason, the model's judgments against the chain's)."""
     rows: list[dict[str, Any]] = []
     stats: dict[str, Counter] = defaultdict(Counter)
     judgments: dict[str, Counter] = defaultdict(Counter)
     for t in traces:
         recorded = t.extra.get("prompt_version")
-        if recorded and recorded != version:
+        if recorded and recorded != prompt_version:
             raise ConfigError(f"trajectory {source_key(t)} was made with prompt version {recorded}, but these "
-                              f"settings give {version}: use the runtime.loop settings it was generated with")
-        q = by_id.get(t.question.id)
+                              f"settings give {prompt_version}: use the runtime.loop settings it was generated with")
+        q = questions.get(t.question.id)
         if q is None:
             raise ConfigError(f"trajectory {source_key(t)}: question {t.question.id!r} is in none of `datasets` "
                               "(its gold annotations are needed)")
         s = stats[q.dataset]
         s["trajectories"] += 1
-        got = relabel_trace(t, q, gold, version)
+        got = relabel_trace(t, q, gold, prompt_version)
         if isinstance(got, str):
             s[f"skipped: {got}"] += 1
             continue
@@ -125,9 +116,28 @@ def relabel(cfg: RelabelConfig) -> dict[str, Any]:
             judgments[q.dataset][f"model {st.judgment}, chain {chain}"] += 1
         s["answer examples"] += sum(ex.kind == "answer" for ex in got.examples)
         rows += [example_row(ex) for ex in got.examples]
-    result = {"trajectories": len(traces), "examples": len(rows), "prompt_version": version,
-              "datasets": {name: dict(c) | {"judgments": dict(judgments[name])} for name, c in sorted(stats.items())}}
+    return rows, {"trajectories": len(traces), "examples": len(rows), "prompt_version": prompt_version,
+                  "datasets": {name: dict(c) | {"judgments": dict(judgments[name])} for name, c in sorted(stats.items())}}
+
+
+def write_relabelled(out: Path, rows: list[dict[str, Any]], stats: dict[str, Any]) -> Path:
+    """OUT/examples.jsonl and OUT/stats.json, each written whole (a rerun rebuilds them)."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_jsonl(out / "examples.jsonl", rows)
-    atomic_write_text(out / "stats.json", json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    return result
+    atomic_write_text(out / "stats.json", json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
+    return out / "examples.jsonl"
+
+
+def relabel(cfg: RelabelConfig) -> dict[str, Any]:
+    """`kair datagen relabel`: every trajectory under cfg.trajectories, written to cfg.out_dir."""
+    if not cfg.trajectories:
+        raise ConfigError("no trajectories: pass TRAJECTORIES or set `trajectories`")
+    traces = read_trajectories(cfg.trajectories)
+    if not traces:
+        raise ConfigError(f"{cfg.trajectories}: no trajectories to relabel")
+    out = Path(cfg.out_dir)
+    questions = {q.id: q for q in load_questions(cfg.datasets)}
+    corpus = cfg.corpus or closed_corpus(cfg.datasets, cfg.extra_corpus, out / "corpus.jsonl")
+    rows, stats = relabel_traces(traces, questions, GoldDocs(corpus), PromptSet.for_loop(cfg.runtime.loop).version)
+    write_relabelled(out, rows, stats)
+    return stats

@@ -113,6 +113,10 @@ class RoundSettings:
     # all: the round's questions are drawn from every train question; unchained: only from those no
     # silver trajectory was kept for (the student's trajectories are then the only ones they have)
     focus: str = "all"
+    # Also train on every step of the teacher's trajectories, each with the step its gold chain implies
+    # for what that step had retrieved (data_gen/relabel.py, DAgger): the states the student reaches
+    # itself, with the judgment and next query it should have written there.
+    relabel: bool = False
 
     def validate(self, where: str = "rounds") -> None:
         check_ranges(self, {"count": NON_NEGATIVE, "questions": AT_LEAST_1, "samples": NON_NEGATIVE, "steps": AT_LEAST_1,

@@ -96,7 +96,8 @@ def rounds_section(cfg: DemoConfig, rounds: list[dict[str, Any]]) -> list[str]:
         lines.append(f"- round {r['round']} ({r['backend']}, {r['questions']} questions): teacher trajectories kept "
                      f"{per_dataset(d['teacher_kept'], 'kept')}; rejections {d['reasons'] or 'none'}; "
                      f"SFT examples {d['examples']}; training loss {loss_line(r['train_log'], 'loss')}; "
-                     f"validation loss {loss_line(r['train_log'], 'eval_loss')}")
+                     f"validation loss {loss_line(r['train_log'], 'eval_loss')}"
+                     + (f"; relabelled by gold chains: {d['relabelled']['examples']} examples" if "relabelled" in d else ""))
     return lines + [""]
 
 

@@ -4,6 +4,8 @@
         teacher/     round r-1's student in the same loop over the train questions (or a sample of
                      `rounds.questions` of them): one greedy + `rounds.samples` sampled trajectories each
                      (rounds.focus unchained: drawn from the questions silver could not chain)
+        relabelled/  (rounds.relabel) every step of those trajectories with the step the question's gold
+                     chain implies there (data_gen/relabel.py), trained on beside the filtered ones
         filtered/    silver + those, through the same answer-F1 filter as any teacher, one trajectory
                      per question and retrieval path (silver first, so a path silver already has adds nothing)
         sft/ train.yaml adapter/   a new student trained on that data: from the base, or (rounds.init
@@ -84,6 +86,19 @@ def teacher_yield(taught: list[Trace], kept: list[dict[str, Any]]) -> dict[str, 
     return {name: {"kept": c["kept"], "total": c["total"]} for name, c in counts.items()}
 
 
+def relabelled_examples(cfg: DemoConfig, taught: list[Trace], train: QuestionSet,
+                        out: Path) -> tuple[list[str], dict[str, Any]]:
+    """The teacher's trajectories relabelled by their gold chains into OUT/examples.jsonl (rebuilt
+    each run: it takes seconds); the file for sft_data and the stats."""
+    from data_gen.chains import GoldDocs
+    from data_gen.relabel import relabel_traces, write_relabelled
+    from kair_runtime.prompts import PromptSet
+
+    rows, stats = relabel_traces(taught, {q.id: q for q in train.questions}, GoldDocs(train.corpus),
+                                 PromptSet.for_loop(cfg.runtime.loop).version)
+    return [str(write_relabelled(out, rows, stats))], stats
+
+
 def run_rounds(cfg: DemoConfig, train: QuestionSet, dev: list[QuestionSet], retrievers: dict[str, Any],
                student: Path, out: Path, console, progress) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
     """Every round in turn; returns the last student, the rounds' dev rows, and one record per
@@ -114,8 +129,15 @@ def run_rounds(cfg: DemoConfig, train: QuestionSet, dev: list[QuestionSet], retr
         taught = teacher_trajectories(cfg, llm, questions, train.corpus, retrievers[train.label], rdir / "teacher",
                                       SamplingGrid(temperatures, max(1, rc.samples), seed=cfg.train.seed + r),
                                       name=f"round-{r - 1} student")
+        extra, relabelled = [], None
+        if rc.relabel:
+            extra, relabelled = relabelled_examples(cfg, taught, train, rdir / "relabelled")
+            console.print(f"round {r}: relabelled {relabelled['examples']} steps and answers of the teacher's "
+                          "trajectories by their gold chains")
         data = sft_data(cfg, silver + taught, {"silver": len(silver), "teacher": len(taught)}, rdir,
-                        dedupe_paths=True)
+                        dedupe_paths=True, extra_examples=extra)
+        if relabelled is not None:
+            data["relabelled"] = relabelled
         data["teacher_kept"] = teacher_yield(taught, recover(rdir / "filtered" / "kept.jsonl"))
         console.print(f"round {r}: teacher kept {data['teacher_kept']}; SFT examples {data['examples']}")
         previous = student

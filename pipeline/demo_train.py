@@ -62,8 +62,9 @@ def make_sft_data(cfg: DemoConfig, train: QuestionSet, retriever, out: Path) -> 
 
 
 def sft_data(cfg: DemoConfig, traces: list[Trace], sources: dict[str, int], out: Path,
-             dedupe_paths: bool = False) -> dict[str, Any]:
-    """Trajectories -> the answer-F1 filter (OUT/filtered/) -> SFT chats (OUT/sft/); the counts."""
+             dedupe_paths: bool = False, extra_examples: list[str] = ()) -> dict[str, Any]:
+    """Trajectories -> the answer-F1 filter (OUT/filtered/) -> SFT chats (OUT/sft/), with
+    `extra_examples` (example files, to-sft's layout) beside them; the counts."""
     from data_gen.filter import FilterConfig, run_filter
     from data_gen.sft import SFTDataConfig, build_sft
 
@@ -73,7 +74,8 @@ def sft_data(cfg: DemoConfig, traces: list[Trace], sources: dict[str, int], out:
         raise ConfigError(f"no trajectory passed the filter (see {out / 'filtered' / 'report.md'}); "
                           "raise max_steps or top_k, or lower min_f1")
     stats = build_sft(SFTDataConfig(runtime=cfg.runtime, trajectories=str(out / "filtered"), out_dir=str(out / "sft"),
-                                    validation_fraction=cfg.validation_fraction, seed=cfg.train.seed))
+                                    validation_fraction=cfg.validation_fraction, seed=cfg.train.seed,
+                                    extra_examples=list(extra_examples)))
     return {"sources": sources, "kept": report["kept"], "kept_by_dataset": report["by_dataset"],
             "reasons": report["reasons"],
             "examples": {k: v["examples"] for k, v in stats["splits"].items()}}

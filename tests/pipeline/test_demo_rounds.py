@@ -89,6 +89,30 @@ def test_teacher_trajectories_join_silver_once_per_question_and_path(tmp_path, t
     assert 0 < teacher_kept <= 16 and teacher_kept == sum(t.extra["teacher"] != "annotations" for t in kept)
 
 
+def test_relabelled_teacher_steps_join_the_rounds_sft_data(tmp_path, tiny_model_dir, monkeypatch):
+    """rounds.relabel: every step the round's teacher took, with the step the gold chain implies there,
+    is trained on beside the filtered trajectories, split with them by question."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(demo_rounds, "teacher_llm", lambda cfg, student, rdir: LLMConfig(backend="scripted"))
+    cfg = tiny_cfg(tmp_path, tiny_model_dir, eval_runs=["tuned-kair"],
+                   rounds=RoundSettings(count=1, samples=0, relabel=True, init="continue", steps=1))
+    cfg.runtime.loop.step_max_tokens = 200  # the scripted steps must fit
+    info = run_demo(cfg, Console(record=True, width=160))
+    out = tmp_path / "demo"
+    stats = info["rounds"][0]["data"]["relabelled"]
+    assert stats == json.loads((out / "round-1" / "relabelled" / "stats.json").read_text())
+    teacher = [Trace.from_dict(json.loads(line)) for line in
+               (out / "round-1" / "teacher" / "trajectories" / "shard-00000-of-00001.jsonl").open()]
+    assert sum(d["trajectories"] for d in stats["datasets"].values()) == len(teacher) == 16
+    steps = sum(len(t.steps) for t in teacher)
+    judged = sum(n for d in stats["datasets"].values() for n in d["judgments"].values())
+    assert judged == steps and stats["examples"] >= steps  # every step, plus the answers of complete chains
+    rows = [json.loads(line) for split in ("train", "validation")
+            for line in (out / "round-1" / "sft" / f"{split}.jsonl").open()]
+    assert sum(r["source"].startswith("relabelled: ") for r in rows) == stats["examples"]
+    assert "relabelled by gold chains" in (out / "results.md").read_text()
+
+
 def test_a_continued_round_trains_on_from_the_previous_student(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfg = tiny_cfg(tmp_path, tiny_model_dir, eval_runs=["tuned-kair"],
