@@ -1,8 +1,9 @@
-"""`kair train` and `kair merge`: the training scripts behind the project's command.
+"""`kair train`, `kair merge` and `kair soup`: the training scripts behind the project's command.
 
     kair train --config configs/train/tiny-cpu.yaml --set max_steps=10 --set learning_rate=1e-3
     kair train --config configs/train/qwen2.5-7b-lora.yaml --accelerate-config configs/accelerate/deepspeed_zero2.yaml
     kair merge --base Qwen/Qwen2.5-7B-Instruct --adapter runs/train/qwen2.5-7b-lora --out runs/merged
+    kair soup runs/demo/round-1/adapter runs/demo/round-2/adapter --out runs/soup
 
 `kair train` runs train.sft's main in this process, or, given --accelerate-config, hands the same
 arguments to `accelerate launch` (which starts one process per GPU). `--set key=value` overrides
@@ -97,3 +98,18 @@ def merge_command(
     from train.merge import merge_adapter
 
     merge_adapter(base, adapter, out, dtype=dtype, device=device, tolerance=tolerance)  # prints its report
+
+
+def soup_command(
+    adapters: list[str] = typer.Argument(..., help="LoRA adapter folders of one base, r and lora_alpha."),
+    out: str = typer.Option(..., help="The soup's folder (must not exist)."),
+) -> None:
+    """Average LoRA adapters exactly into one (stacked along the rank): a uniform model soup."""
+    from train.soup import SoupError, soup
+
+    try:
+        dest = soup(adapters, out)
+    except (SoupError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"soup of {len(adapters)} adapters -> {dest}")

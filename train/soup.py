@@ -1,6 +1,7 @@
 """Average LoRA adapters of one base into one adapter, exactly: a uniform model soup.
 
     python -m train.soup --adapters runs/demo/round-1/adapter runs/demo/round-2/adapter --out runs/soup
+    kair soup runs/demo/round-1/adapter runs/demo/round-2/adapter --out runs/soup
 
 Students trained on from one adapter (rounds.init continue) differ by as much as a retraining
 moves them (docs/results.md); averaging their weights keeps what they share and cancels part of

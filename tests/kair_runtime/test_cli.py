@@ -40,5 +40,5 @@ def test_plugin_subcommands_are_mounted():
     mount_plugins(app)
     res = CliRunner().invoke(app, ["--help"])
     assert res.exit_code == 0
-    for name in ("ask", "index", "corpus", "eval", "serve", "datagen", "train", "merge"):
+    for name in ("ask", "index", "corpus", "eval", "serve", "datagen", "train", "merge", "soup"):
         assert name in res.output

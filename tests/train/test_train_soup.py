@@ -59,3 +59,17 @@ def test_members_of_another_shape_are_refused(qwen_real_dir, tmp_path):
         main(["--adapters", str(a), "--out", str(tmp_path / "one")])
     with pytest.raises(SoupError, match="not a LoRA adapter folder"):
         soup([a, tmp_path], tmp_path / "soup")
+
+
+def test_kair_soup_writes_the_soup(qwen_real_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from kair_runtime.cli import app, mount_plugins
+
+    a, b = (lora(qwen_real_dir, tmp_path / n, seed=i) for i, n in enumerate("ab"))
+    mount_plugins(app)
+    res = CliRunner().invoke(app, ["soup", str(a), str(b), "--out", str(tmp_path / "soup")])
+    assert res.exit_code == 0, res.output
+    assert json.loads((tmp_path / "soup" / "adapter_config.json").read_text())["r"] == 8
+    again = CliRunner().invoke(app, ["soup", str(a), str(b), "--out", str(tmp_path / "soup")])
+    assert again.exit_code == 2 and "exists: choose a new --out" in again.output
