@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from data_gen.chains import CHAINS, GoldDocs
-from data_gen.sft import example_row
+from data_gen.sft import example_meta, example_row
 from data_gen.silver import ChainState
 from data_gen.store import DataSpec, closed_corpus, load_questions, read_trajectories, source_key
 from kair_runtime.config import ConfigError, RuntimeConfig
@@ -71,8 +71,7 @@ def relabel_trace(trace: Trace, question: Question, gold: GoldDocs, prompt_versi
     if any(not h.doc_ids for h in hops):
         return "a hop with no paragraph in the corpus"
     chain = ChainState(question, hops)
-    meta = {"dataset": question.dataset, "sample_id": int(trace.extra.get("sample_id", 0)),
-            "trajectory": source_key(trace), "prompt_version": prompt_version, "index_format": trace.index_format}
+    meta = example_meta(trace, prompt_version)
     source = SOURCE_PREFIX + str(trace.extra.get("teacher", ""))
     examples, judged, complete = [], [], False
     for i, st in enumerate(trace.steps):

@@ -188,8 +188,7 @@ def trace_examples(trace: Trace, prompts: PromptSet, cfg: SFTDataConfig) -> list
     else:
         step_prompts, answer_prompt = rebuild_prompts(trace, prompts, loop.answer_mode, "canonical")
     source = str(trace.extra.get("teacher", ""))
-    meta = {"dataset": trace.question.dataset, "sample_id": int(trace.extra.get("sample_id", 0)),
-            "trajectory": source_key(trace), "prompt_version": prompts.version, "index_format": trace.index_format}
+    meta = example_meta(trace, prompts.version)
     examples = []
     for st, prompt in zip(trace.steps, step_prompts):
         examples.append(SFTExample(messages=list(prompt) + [{"role": "assistant", "content": canonical_output(st)}],
@@ -200,6 +199,17 @@ def trace_examples(trace: Trace, prompts: PromptSet, cfg: SFTDataConfig) -> list
                                    question_id=trace.question.id, kind="answer", step=len(trace.steps) + 1,
                                    source=source, extra=dict(meta)))
     return examples
+
+
+def example_meta(trace: Trace, prompt_version: str) -> dict[str, Any]:
+    """The metadata columns every example of a trajectory carries (ROW_COLUMNS after the first five)."""
+    return {"dataset": trace.question.dataset, "sample_id": int(trace.extra.get("sample_id", 0)),
+            "trajectory": source_key(trace), "prompt_version": prompt_version, "index_format": trace.index_format}
+
+
+# The columns of an example row: what example_row writes and extra_examples must hold.
+ROW_COLUMNS = ("messages", "question_id", "kind", "step", "source", "dataset", "sample_id", "trajectory",
+               "prompt_version", "index_format")
 
 
 def example_row(ex: SFTExample) -> dict[str, Any]:
@@ -270,8 +280,7 @@ def extra_rows(cfg: SFTDataConfig, versions: set[str]) -> list[dict[str, Any]]:
     """The rows of cfg.extra_examples, checked to have the trajectories' columns and prompts."""
     from kair_runtime.jsonl import iter_json_records
 
-    columns = ("messages", "question_id", "kind", "step", "source", "dataset", "sample_id", "trajectory",
-               "prompt_version", "index_format")
+    columns = ROW_COLUMNS
     out = []
     for path in cfg.extra_examples:
         for where, row in iter_json_records(path):
