@@ -48,6 +48,9 @@ def soup(adapters: list[str | Path], out: str | Path) -> Path:
     paths = [Path(a) for a in adapters]
     if len(paths) < 2:
         raise SoupError("a soup needs at least two adapters")
+    dest = Path(out)
+    if dest.exists():  # before reading any weights
+        raise SoupError(f"{dest} exists: choose a new --out")
     configs = [_config(p) for p in paths]
     for p, c in zip(paths[1:], configs[1:]):
         differ = [k for k in SHARED if _norm(c.get(k)) != _norm(configs[0].get(k))]
@@ -72,9 +75,6 @@ def soup(adapters: list[str | Path], out: str | Path) -> Path:
             merged[k] = (torch.cat([s[k].float() for s in states], dim=1) / n).to(states[0][k].dtype).contiguous()
         else:
             raise SoupError(f"{paths[0]}: weight {k} is neither a lora_A nor a lora_B")
-    dest = Path(out)
-    if dest.exists():
-        raise SoupError(f"{dest} exists: choose a new --out")
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     # The tokenizer and chat template files travel with the adapter: the first member's.
