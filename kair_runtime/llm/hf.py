@@ -12,6 +12,7 @@ token (or the token that completed a stop string), never padding.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -19,6 +20,7 @@ from typing import Callable, Iterator
 import torch
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor,
                           LogitsProcessorList, StoppingCriteria, StoppingCriteriaList)
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from kair_runtime.config import LLMConfig
 from kair_runtime.llm.base import BackendError, Completion, SamplingParams, auto_dtype
@@ -34,6 +36,7 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bf
 
 class HFBackend:
     bans_repeated_ngrams = True  # SamplingParams.no_repeat_ngram (see _CompletionNoRepeatNGram)
+    segment_tokens = 32  # tokens decoded between drops of the rows that have ended (_decode_segmented)
     constrains_grammar = True  # SamplingParams.grammar, through xgrammar's logits processor
 
     def __init__(self, model, tokenizer, *, batch_size: int = 8, max_context: int | None = None,
@@ -128,12 +131,46 @@ class HFBackend:
                                          if sampling.no_repeat_ngram else [])
         if sampling.grammar:
             processors.append(self._grammar_processor(sampling.grammar))
-        with torch.inference_mode():
-            out = self.model.generate(input_ids=input_ids.to(self.device),
-                                      attention_mask=attention.to(self.device),
-                                      generation_config=self._generation_config(sampling),
-                                      stopping_criteria=stopping, logits_processor=processors)
-        return [self._finish(row, len(ids), sampling) for row, ids in zip(out[:, width:].tolist(), batch)]
+        # xgrammar's processor keeps each row's parse state for one generate() call, so a structured
+        # call is decoded whole; any other is decoded in segments that drop the rows already done.
+        segment = sampling.max_tokens if sampling.grammar else self.segment_tokens
+        rows = self._decode_segmented(input_ids.to(self.device), attention.to(self.device), sampling,
+                                      segment, stopping, processors)
+        return [self._finish(row, len(ids), sampling) for row, ids in zip(rows, batch)]
+
+    def _decode_segmented(self, input_ids: torch.Tensor, attention: torch.Tensor, sampling: SamplingParams,
+                          segment: int, stopping, processors) -> list[list[int]]:
+        """Each row's generated tokens. generate() steps every row of a batch until the last one ends,
+        so one long completion makes 31 finished rows decode padding to the budget. Here generate()
+        runs `segment` tokens at a time; rows that have ended leave the batch and its KV cache, and
+        the rest go on from the cache. A row sees the same cache and logits processors either way."""
+        width = input_ids.shape[1]
+        cache = growing_kv_cache(self.model)
+        live = list(range(input_ids.shape[0]))  # original row of each row still in the batch
+        done: dict[int, list[int]] = {}
+        while True:
+            room = sampling.max_tokens - (input_ids.shape[1] - width)
+            step = dataclasses.replace(sampling, max_tokens=min(segment, room))
+            with torch.inference_mode():
+                out = self.model.generate(input_ids=input_ids, attention_mask=attention,
+                                          generation_config=self._generation_config(step),
+                                          stopping_criteria=stopping, logits_processor=processors,
+                                          **{_cache_kwarg(self.model): cache})
+            generated = out[:, width:].tolist()
+            ended = out.shape[1] - width >= sampling.max_tokens or out.shape[1] - input_ids.shape[1] < step.max_tokens
+            keep = [] if ended else [k for k, row in enumerate(generated)
+                                     if self._finish(row, 0, sampling).finish_reason == "length"]
+            kept = set(keep)
+            for k, row in enumerate(generated):
+                if k not in kept:
+                    done[live[k]] = row
+            if not keep:
+                return [done[r] for r in range(len(done))]
+            index = torch.tensor(keep, device=out.device)
+            cache.batch_select_indices(index)
+            input_ids = out[index]
+            attention = torch.cat([attention[index], attention.new_ones((len(keep), out.shape[1] - attention.shape[1]))], 1)
+            live = [live[k] for k in keep]
 
     def _grammar_processor(self, grammar: str) -> LogitsProcessor:
         """xgrammar's transformers logits processor (one per generate call: it keeps per-row
@@ -181,6 +218,56 @@ class HFBackend:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class GrowingKVLayer(DynamicLayer):
+    """A DynamicLayer whose keys and values are views of a buffer that grows a block at a time.
+    DynamicLayer concatenates at every token, copying each layer's whole cache per token: at batch 32
+    with KAIR's ~800-token prompts that copy was half of a CPU decoding step (docs/results.md). The
+    tensors attention sees hold the same values, so outputs are bit-identical to DynamicLayer's."""
+
+    block = 256  # tokens of room added whenever the buffer is full
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, new = self.get_seq_length(), key_states.shape[-2]
+        buf = getattr(self, "_buffer", None)
+        # Anything that set self.keys itself (crop, beam reorder, batch select) leaves a tensor that is
+        # not our buffer's view: its contents seed a new buffer.
+        fits = (buf is not None and self.keys.data_ptr() == buf[0].data_ptr()
+                and buf[0].shape[:2] == key_states.shape[:2] and n + new <= buf[0].shape[-2])
+        if not fits:
+            buf = (self._grown(self.keys, key_states, n, n + new + self.block),
+                   self._grown(self.values, value_states, n, n + new + self.block))
+            self._buffer = buf
+        buf[0][..., n:n + new, :] = key_states
+        buf[1][..., n:n + new, :] = value_states
+        self.keys, self.values = buf[0][..., :n + new, :], buf[1][..., :n + new, :]
+        return self.keys, self.values
+
+    @staticmethod
+    def _grown(old: torch.Tensor, states: torch.Tensor, n: int, room: int) -> torch.Tensor:
+        fresh = states.new_empty((*states.shape[:-2], room, states.shape[-1]))
+        if n:
+            fresh[..., :n, :] = old[..., :n, :]
+        return fresh
+
+
+def growing_kv_cache(model) -> DynamicCache:
+    """generate()'s own DynamicCache for `model`, its full-attention layers made GrowingKVLayers
+    (sliding-window and other layer kinds stay as transformers builds them)."""
+    cache = DynamicCache(config=_inner_model(model).config.get_text_config(decoder=True))
+    cache.layers = [GrowingKVLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    if not cache.layers:  # no config-derived layers: transformers adds them lazily
+        cache.layer_class_to_replicate = GrowingKVLayer
+    return cache
+
+
+def _cache_kwarg(model) -> str:
+    """generate()'s keyword for a cache: `cache` from transformers 5.2x, `past_key_values` before."""
+    forward = type(_inner_model(model)).forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 class _StopStrings(StoppingCriteria):

@@ -8,7 +8,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kair_runtime.config import LLMConfig
 from kair_runtime.llm import LLM, BackendError, SamplingParams, build_llm
-from kair_runtime.llm.hf import HFBackend, _CompletionNoRepeatNGram
+from transformers.cache_utils import DynamicCache
+
+from kair_runtime.llm.hf import (GrowingKVLayer, HFBackend, _cache_kwarg, _CompletionNoRepeatNGram,
+                                 growing_kv_cache)
 
 QUESTIONS = ["Hi", "Who founded the company that built airplanes?", "What is the capital of France?",
              "Numbers 1 2 3 4 5 6 7 8 9 10 100 1000",
@@ -76,6 +79,57 @@ def test_token_counts_are_exact(llama_eos):
         assert c.completion_tokens == len(ref)  # up to and including EOS, no padding
         assert c.text == tok.decode(ref, skip_special_tokens=True)
         assert (ref[-1] == tok.eos_token_id) == (c.finish_reason == "stop")
+
+
+def _batch_sizes_seen(llm: HFBackend, run) -> list[int]:
+    """The batch size of every forward pass the model makes during run()."""
+    seen: list[int] = []
+    handle = llm.model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"].shape[0]),
+                                                 with_kwargs=True)
+    try:
+        run()
+    finally:
+        handle.remove()
+    return seen
+
+
+def test_segmented_decoding_drops_ended_rows_and_changes_no_output(llama_eos, monkeypatch):
+    """Rows that have ended leave the batch between segments; every completion, its token count
+    and finish reason stay what one whole generate() per batch gives, under greedy decoding, stop
+    strings and the n-gram ban; seeded sampling reruns identically."""
+    settings = [SamplingParams(max_tokens=32), SamplingParams(max_tokens=32, no_repeat_ngram=3),
+                SamplingParams(max_tokens=32, stop=("e ",))]
+    monkeypatch.setattr(llama_eos, "segment_tokens", 10**6)
+    whole = [llama_eos.generate(PROMPTS, s) for s in settings]
+    whole_sizes = _batch_sizes_seen(llama_eos, lambda: llama_eos.generate(PROMPTS, settings[0]))
+    monkeypatch.setattr(llama_eos, "segment_tokens", 4)
+    segmented = [llama_eos.generate(PROMPTS, s) for s in settings]
+    sizes = _batch_sizes_seen(llama_eos, lambda: llama_eos.generate(PROMPTS, settings[0]))
+    assert segmented == whole
+    assert {c.finish_reason for c in whole[0]} == {"stop", "length"}  # some rows end early
+    assert sum(sizes) < sum(whole_sizes)  # fewer rows decoded...
+    assert len(sizes) == len(whole_sizes)  # ...over the same number of steps
+    hot = SamplingParams(temperature=1.0, max_tokens=32, seed=3)
+    assert llama_eos.generate(PROMPTS, hot) == llama_eos.generate(PROMPTS, hot)
+
+
+def test_the_growing_kv_cache_gives_dynamic_caches_tokens(tiny_model_dir, monkeypatch):
+    """The buffer regrows many times (a 2-token block) and rows are dropped mid-way, as in
+    segmented decoding; the tokens are those of transformers' own DynamicCache."""
+    monkeypatch.setattr(GrowingKVLayer, "block", 2)
+    model, tok = _load(tiny_model_dir)
+    enc = tok(["a b c d e f", "x y"], return_tensors="pt", padding=True, padding_side="left")
+    out = {}
+    for name, cache in [("dynamic", DynamicCache(config=model.config)), ("growing", growing_kv_cache(model))]:
+        first = model.generate(**enc, **{_cache_kwarg(model): cache}, max_new_tokens=5, do_sample=False,
+                               min_new_tokens=5)
+        cache.batch_select_indices(torch.tensor([1]))
+        mask = torch.cat([enc.attention_mask[1:], torch.ones(1, 5, dtype=torch.long)], 1)
+        rest = model.generate(input_ids=first[1:], attention_mask=mask, **{_cache_kwarg(model): cache},
+                              max_new_tokens=6, do_sample=False, min_new_tokens=6)
+        out[name] = (first.tolist(), rest.tolist())
+    assert out["growing"] == out["dynamic"]
+    assert isinstance(growing_kv_cache(model).layers[0], GrowingKVLayer)
 
 
 def test_max_tokens_is_honoured(qwen):
