@@ -50,6 +50,7 @@ class HFBackend:
         self.device = next(model.parameters()).device
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None)
         self.eos_ids = _eos_ids(model, tokenizer)
+        self._cache_kwarg = _cache_kwarg(model)  # generate()'s name for the cache we pass
         # The loop alone decides how to decode. generate() fills every field our GenerationConfig
         # leaves unset (transformers 5) or at its default value (4.5x) from the model's own
         # generation_config: a student re-saved from Qwen/Llama carries do_sample, temperature, top_p,
@@ -155,9 +156,11 @@ class HFBackend:
                 out = self.model.generate(input_ids=input_ids, attention_mask=attention,
                                           generation_config=self._generation_config(step),
                                           stopping_criteria=stopping, logits_processor=processors,
-                                          **{_cache_kwarg(self.model): cache})
+                                          **{self._cache_kwarg: cache})
             generated = out[:, width:].tolist()
-            ended = out.shape[1] - width >= sampling.max_tokens or out.shape[1] - input_ids.shape[1] < step.max_tokens
+            # The budget is spent, or every row ended before the segment did.
+            ended = (out.shape[1] - width >= sampling.max_tokens
+                     or out.shape[1] - input_ids.shape[1] < step.max_tokens)
             keep = [] if ended else [k for k, row in enumerate(generated)
                                      if self._finish(row, 0, sampling).finish_reason == "length"]
             kept = set(keep)
