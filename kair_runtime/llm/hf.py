@@ -74,7 +74,7 @@ class HFBackend:
             raise BackendError(f"could not load model {cfg.model!r}: {e}") from e
         name = f"hf:{cfg.model}"
         if cfg.adapter:
-            model, adapter_tokenizer = load_adapter(model, cfg.adapter)
+            model, adapter_tokenizer = load_adapter(model, cfg.adapter, merge=cfg.merge_adapter)
             tokenizer = adapter_tokenizer or tokenizer
             name += f"+{cfg.adapter}"
         # llm.max_model_len (listed with the vllm settings) caps the context here too.
@@ -369,9 +369,10 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.d
     return dev, DTYPES[dtype]
 
 
-def load_adapter(model, adapter: str | Path):
-    """Wrap `model` with the PEFT adapter in `adapter` (a training checkpoint dir works). Returns
-    the PeftModel and the tokenizer saved next to the adapter, if training saved one."""
+def load_adapter(model, adapter: str | Path, *, merge: bool = False):
+    """Wrap `model` with the PEFT adapter in `adapter` (a training checkpoint dir works); with
+    `merge`, fold it into the base weights instead (PEFT's merge_and_unload: a plain model). Returns
+    the model and the tokenizer saved next to the adapter, if training saved one."""
     from peft import PeftModel
 
     path = Path(adapter)
@@ -384,5 +385,8 @@ def load_adapter(model, adapter: str | Path):
         peft_model = PeftModel.from_pretrained(model, path, autocast_adapter_dtype=False)
     except (OSError, ValueError, RuntimeError) as e:
         raise BackendError(f"llm.adapter: could not load the adapter in {path}: {e}") from e
+    # In a bf16 base the merged weights are rounded to bf16 once, so a few greedy traces differ
+    # from the unmerged model's (whose LoRA path rounds its own sums); in float32 they agree.
+    model = peft_model.merge_and_unload() if merge else peft_model
     tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
-    return peft_model, tokenizer
+    return model, tokenizer

@@ -94,7 +94,7 @@ def test_checkpoint_runs_the_kair_loop_through_the_hf_backend(tiny_run, qwen_rea
     _, out = tiny_run
     llm = HFBackend.from_config(LLMConfig(backend="hf", model=str(qwen_real_dir), adapter=str(out / "checkpoint-20"),
                                           device="cpu", dtype="float32"))
-    assert type(llm.model).__name__ == "PeftModelForCausalLM"
+    assert type(llm.model).__name__ == "Qwen2ForCausalLM"  # the adapter folded into the base weights
     assert llm.tokenizer.convert_ids_to_tokens(sorted(llm.eos_ids)) == ["<|im_end|>"]
     questions = [Question(id="q1", question="Lost! is a song by a British rock band formed in what year?"),
                  Question(id="q2", question="Which city was Oasis formed in?")]

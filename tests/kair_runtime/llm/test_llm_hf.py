@@ -275,15 +275,21 @@ def test_adapter_changes_the_model_only_when_lora_b_is_nonzero(tiny_model_dir, t
                                adapter=str(_save_lora(tiny_model_dir, tmp_path / "live", random_b=True))))
     noop = build_llm(LLMConfig(backend="hf", model=str(tiny_model_dir),
                                adapter=str(_save_lora(tiny_model_dir, tmp_path / "noop", random_b=False))))
+    unmerged = build_llm(LLMConfig(backend="hf", model=str(tiny_model_dir), adapter=str(tmp_path / "live"),
+                                   merge_adapter=False))
     from peft import PeftModel
 
-    assert isinstance(live.model, PeftModel) and live.name.endswith(str(tmp_path / "live"))
-    b, l, n = (_last_logits(x, PROMPTS[1]) for x in (base, live, noop))
+    # Merged by default: a plain model, whose float32 logits are the unmerged PeftModel's.
+    assert not isinstance(live.model, PeftModel) and isinstance(unmerged.model, PeftModel)
+    assert live.name.endswith(str(tmp_path / "live"))
+    b, l, n, u = (_last_logits(x, PROMPTS[1]) for x in (base, live, noop, unmerged))
     assert (l - b).abs().max() > 1e-2
+    assert torch.allclose(l, u, atol=1e-5)
     assert torch.allclose(n, b, atol=1e-6)
     s = SamplingParams(max_tokens=16)
     base_out, live_out = base.generate(PROMPTS, s), live.generate(PROMPTS, s)
     assert [c.text for c in base_out] != [c.text for c in live_out]
+    assert [c.text for c in unmerged.generate(PROMPTS, s)] == [c.text for c in live_out]
     assert [c.text for c in noop.generate(PROMPTS, s)] == [c.text for c in base_out]
 
 

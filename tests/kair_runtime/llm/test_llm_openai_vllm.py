@@ -73,5 +73,5 @@ def test_openai_backend_on_the_vllm_server_with_lora(smollm2_model_dir, smollm2_
         for c in out:
             assert c.finish_reason == "stop" and parse_step_output(c.text, fmt, Index(fmt), "q").fallbacks == [], c.text
     peft = build_llm(LLMConfig(backend="hf", model=str(smollm2_model_dir), adapter=adapter, device="cpu",
-                               dtype="float32", batch_size=8))
+                               dtype="float32", merge_adapter=False, batch_size=8))
     assert generations(served) == generations(KairLoop(peft, retriever, LOOP).run(load_demo_questions()[:4]))

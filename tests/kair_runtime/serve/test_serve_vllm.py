@@ -49,7 +49,7 @@ def test_kair_serve_with_the_adapter_on_vllm(tmp_path, smollm2_model_dir, smollm
     assert not [p for p in engine if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
     peft = build_llm(LLMConfig(backend="hf", model=str(smollm2_model_dir), adapter=adapter, device="cpu",
-                               dtype="float32"))
+                               dtype="float32", merge_adapter=False))
     expected = KairLoop(peft, build_retriever(RetrieverConfig(kind="bm25")), LoopConfig(**LOOP)).run(questions)
     assert [r.status_code for r in answers] == [200] * 3
     assert [r.json()["answer"] for r in answers] == [t.answer for t in expected]
