@@ -35,6 +35,12 @@ class ConfigError(UserError, ValueError):
     pass
 
 
+# Field metadata key: the value a run folder's recorded config meant by leaving the field out (it
+# was written before the field existed, when the code behaved so). Without it a missing key means
+# the field's default (kair_runtime/rundir.py, changed_keys).
+ABSENT_MEANS = "absent_means"
+
+
 @dataclass
 class LLMConfig:
     backend: str = "hf"  # hf | openai | vllm | scripted
@@ -43,8 +49,9 @@ class LLMConfig:
     adapter: str | None = None  # a PEFT LoRA adapter dir (any training checkpoint dir works)
     # hf: fold the adapter into the base weights once at load (W + BA*alpha/r), so decoding runs the
     # base's matmuls only. PEFT's unmerged layers add two small matmuls and a call per adapted
-    # linear at every token (docs/results.md, ninth session). false keeps them unmerged.
-    merge_adapter: bool = True
+    # linear at every token (docs/results.md, ninth session). false keeps them unmerged. Run folders
+    # claimed before this key existed decoded unmerged (ABSENT_MEANS: what their missing key meant).
+    merge_adapter: bool = field(default=True, metadata={ABSENT_MEANS: False})
     # auto means the same on every in-process backend: bfloat16 on a GPU, float32 on a CPU (the
     # model's saved dtype is not consulted). openai: the server decides.
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16

@@ -47,7 +47,7 @@ from typing import Any, Iterable, Iterator
 
 import yaml
 
-from kair_runtime.config import ConfigError, _field_default
+from kair_runtime.config import ABSENT_MEANS, ConfigError, _field_default
 from kair_runtime.errors import UserError
 from kair_runtime.jsonl import atomic_write_text
 
@@ -177,7 +177,8 @@ def changed_keys(old: Any, new: Any, schema: Any = None, default: Any = None, pr
     """The dotted keys whose values differ between two `to_dict` trees. A list is one setting
     (named as a whole); a key `old` lacks is no difference when `new` holds the field's default,
     `default` being the enclosing field's default object (a section's keys default to it, as
-    from_dict loads them: the demo's runtime is not RuntimeConfig())."""
+    from_dict loads them: the demo's runtime is not RuntimeConfig()), or the value the field's
+    ABSENT_MEANS metadata says a folder from before the field meant."""
     if isinstance(old, dict) and isinstance(new, dict):
         fields = _fields(schema)
         keys = []
@@ -186,7 +187,8 @@ def changed_keys(old: Any, new: Any, schema: Any = None, default: Any = None, pr
             field_default = None
             if field is not None:
                 field_default = getattr(default, key) if default is not None else _field_default(field[1])
-            if key not in old and field is not None and new[key] == _plain(field_default):
+            if key not in old and field is not None and new[key] == _plain(
+                    field[1].metadata.get(ABSENT_MEANS, field_default)):
                 continue
             keys += changed_keys(old.get(key), new.get(key), field[0] if field else None,
                                  field_default if dataclasses.is_dataclass(field_default) else None,

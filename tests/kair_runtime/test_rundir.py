@@ -78,6 +78,19 @@ def test_a_key_the_file_lacks_is_no_difference_while_it_holds_its_default(tmp_pa
         claim_job(tmp_path, Job())
 
 
+def test_a_key_the_file_lacks_means_what_the_code_did_before_it_existed(tmp_path):
+    """llm.merge_adapter came with merging on; a folder claimed before it decoded unmerged, so its
+    missing key matches false, not the default."""
+    job = Job()
+    old = to_dict(job)
+    del old["runtime"]["llm"]["merge_adapter"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    with pytest.raises(ConfigError, match=r"differs in: runtime.llm.merge_adapter\)"):
+        claim_job(tmp_path, job)
+    job.runtime.llm.merge_adapter = False
+    claim_job(tmp_path, job)
+
+
 def test_an_empty_claim_file_matches_nothing(tmp_path):
     (tmp_path / "config.yaml").write_text("")
     with pytest.raises(ConfigError, match=r"differs in: items, out_dir, runtime\)"):
