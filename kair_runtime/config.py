@@ -123,6 +123,13 @@ class LoopConfig:
     system_prompt: str | None = None
     answer_mode: str = "answer"  # one of ANSWER_MODES: answer (docs + index) | answer_docs | answer_index
     round_size: int = 64  # questions advanced together per round (bounds memory)
+    # Greedy decoding is a function of the prompt: a step whose prompt an earlier step of the same
+    # question already had would write that step's output again, so the loop reuses it instead of
+    # calling the model (a weak model stuck on one query repeats every step to max_steps). The
+    # trace is the one a fresh call writes in float32 (batching-neutral); in bf16 a fresh call in
+    # another batch may round differently. Off at temperature > 0 and for state-aware LLMs
+    # (silver's oracle). Run folders claimed before this key existed called the model again.
+    reuse_repeated_steps: bool = field(default=True, metadata={ABSENT_MEANS: False})
     # Structured decoding: each step's output is constrained to the index format's layout and the
     # answer to a short answer (kair_runtime/grammar.py), with these bounds on what may repeat.
     # A structured call's token cap is at least its grammar's longest output (grammar.longest; kr

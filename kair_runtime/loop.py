@@ -12,6 +12,10 @@ answered together in one more batched call in the same round. `start()`/`advance
 rounds so a server can add requests to the batch between rounds; `iter_run()` yields each trace
 the moment it is answered (a teacher appends it to its file then).
 
+Greedy decoding is a function of the prompt, so a step whose prompt repeats an earlier step's of
+the same question reuses that step's output instead of calling the model again
+(`loop.reuse_repeated_steps`; its step numbers are in `Trace.extra["reused_steps"]`).
+
 An LLM that needs to know which question a call is for (silver's gold oracle, which writes the
 step the annotations imply for the documents actually retrieved) implements `generate_for`: the
 loop then hands it the questions' states and whether the call is a step or the answer.
@@ -45,6 +49,8 @@ FinalDocsFn = Callable[[Question, list[ScoredPassage]], list[ScoredPassage]]
 StartFn = Callable[["QuestionState"], None]  # called on every state right after start()
 
 STEP, ANSWER = "step", "answer"  # the two kinds of LLM call a round makes
+# Trace.extra key: the numbers of the steps whose output was reused, not generated (_repeat_of).
+REUSED_STEPS = "reused_steps"
 
 
 @dataclass
@@ -97,6 +103,9 @@ class KairLoop:
         self.prompts = prompts or PromptSet.for_loop(self.cfg)
         self.step_sampling = self._sampling(self.cfg.step_max_tokens, self._grammar(STEP))
         self.answer_sampling = self._sampling(self.cfg.answer_max_tokens, self._grammar(ANSWER))
+        # A state-aware LLM's output depends on more than its prompt, and a sampled one on chance.
+        self.reuses_steps = (self.cfg.reuse_repeated_steps and self.step_sampling.greedy
+                             and not hasattr(llm, "generate_for"))
 
     def _sampling(self, max_tokens: int, grammar: str | None) -> SamplingParams:
         return loop_sampling(self.cfg, max_tokens, grammar)
@@ -180,12 +189,31 @@ class KairLoop:
         for s, docs in zip(active, retrieved):
             s.retrieved = list(docs)
         prompts = [self._step_prompt(s, docs) for s, docs in zip(active, retrieved)]
-        completions = self._generate(STEP, active, prompts, self.step_sampling)
+        completions: list[Completion | None] = [self._repeat_of(s, p) for s, p in zip(active, prompts)]
+        reused = [c is not None for c in completions]
+        fresh = [i for i, r in enumerate(reused) if not r]
+        if fresh:
+            made = self._generate(STEP, [active[i] for i in fresh], [prompts[i] for i in fresh], self.step_sampling)
+            for i, c in zip(fresh, made):
+                completions[i] = c
         # The round's wall time is shared by the batch: each step records its share.
         per_q = (time.perf_counter() - t0) / len(active)
-        for s, docs, prompt, c in zip(active, retrieved, prompts, completions):
+        for s, docs, prompt, c, r in zip(active, retrieved, prompts, completions, reused):
             if c is not None:  # None: backend error, already recorded on the trace
                 self._record_step(s, docs, prompt, c, per_q)
+                if r:
+                    s.trace.extra.setdefault(REUSED_STEPS, []).append(s.trace.steps[-1].step)
+
+    def _repeat_of(self, s: QuestionState, prompt: list[Message]) -> Completion | None:
+        """The completion an earlier step of this question gave for this very prompt, when the loop
+        may reuse it (loop.reuse_repeated_steps, greedy, a prompt-only LLM); else None."""
+        if not self.reuses_steps:
+            return None
+        for step in s.trace.steps:
+            if step.prompt == prompt:
+                return Completion(text=step.raw_output, prompt_tokens=step.prompt_tokens,
+                                  completion_tokens=step.completion_tokens)
+        return None
 
     def _step_prompt(self, s: QuestionState, docs) -> list[Message]:
         q0 = s.trace.question.question

@@ -196,8 +196,9 @@ TRACE_NEUTRAL = ("out_dir", "dev_limit", "dev_sets", "eval_runs", "rounds")  # r
 # (docs/results.md, "bfloat16 on the CPU").
 BATCHING = ("runtime.llm.batch_size", "runtime.loop.round_size")
 # Merging the adapter into the weights: float32 traces are the unmerged model's (tests/kair_runtime/
-# llm); bf16 ones are not, the merged weights being rounded once.
-FLOAT32_NEUTRAL = BATCHING + ("runtime.llm.merge_adapter",)
+# llm); bf16 ones are not, the merged weights being rounded once. Reusing a repeated step's output:
+# in float32 the very output a fresh call writes; in bf16 a fresh call in another batch may differ.
+FLOAT32_NEUTRAL = BATCHING + ("runtime.llm.merge_adapter", "runtime.loop.reuse_repeated_steps")
 
 
 def trace_neutral(cfg: DemoConfig) -> tuple[str, ...]:

@@ -87,7 +87,9 @@ def test_the_loop_replaying_silver_outputs_reproduces_every_step(kr, setup):
         calls[q] += 1
         return outputs[q][calls[q] - 1]
 
-    loop = KairLoop(ScriptedLLM(respond), retriever, cfg.runtime.loop)
+    # The replay answers by call order, not by prompt: an incomplete chain repeats a prompt, and
+    # the loop must ask again rather than reuse (silver's oracle, state-aware, always is asked).
+    loop = KairLoop(ScriptedLLM(respond), retriever, dataclasses.replace(cfg.runtime.loop, reuse_repeated_steps=False))
     replayed = loop.run([t.question for t in traces])
     for t, r in zip(traces, replayed):
         assert [(s.query, [p.id for p in s.retrieved], s.prompt, s.index, s.reasoning, s.judgment, s.next_query)

@@ -277,6 +277,7 @@ def test_generate_for_hook_gets_the_kind_states_and_retrieved_documents():
         a, b = without_times(t), without_times(p)
         for d in (a, b):
             d["extra"].pop("llm")
+            d["extra"].pop("reused_steps", None)  # generate() alone may skip repeated prompts
             d["final_prompt_tokens"] = d["final_completion_tokens"] = 0
             for s in d["steps"]:
                 s["prompt_tokens"] = s["completion_tokens"] = 0
@@ -300,3 +301,40 @@ def test_failure_and_final_docs_helpers():
     done = KairLoop(ScriptedLLM(echo_kair), WordOverlap(), LoopConfig(max_steps=2)).run_one(QUESTIONS[0])
     assert final_docs_for(done, None) == done.all_passages()
     assert final_docs_for(done, lambda q, docs: docs[::-1]) == done.all_passages()[::-1]
+
+
+def stuck(messages):
+    """A model stuck on one query: the same index, judgment and query at every step."""
+    if "short answer only" in messages[-1]["content"]:
+        return "Coldplay"
+    return ("<index>\nKeywords: Coldplay\nRelationships:\nLost! -> is a song by -> Coldplay\n</index>\n"
+            "<reasoning>Judgment: insufficient</reasoning>\n<query>Coldplay formed</query>")
+
+
+def test_a_step_repeating_an_earlier_prompt_reuses_its_output_without_a_call():
+    """Greedy output is a function of the prompt: once a stuck question's step prompt repeats, the
+    loop records the earlier output again instead of asking the model, and the trace is the one
+    the model's call would have written."""
+    cfg = LoopConfig(max_steps=4, top_k=2)
+    llm = ScriptedLLM(stuck)
+    traces = KairLoop(llm, WordOverlap(), cfg).run(QUESTIONS[:3])
+    # Step 1 (init prompt) and step 2 (update prompt) are new; steps 3 and 4 repeat step 2's
+    # prompt (same documents, same index, same query). Then the answer call.
+    assert list(llm.calls) == [3, 3, 3]
+    assert [t.extra["reused_steps"] for t in traces] == [[3, 4]] * 3
+    assert all(t.steps[2].prompt == t.steps[1].prompt and t.steps[3].raw_output == t.steps[1].raw_output
+               for t in traces)
+    off_llm = ScriptedLLM(stuck)
+    off = KairLoop(off_llm, WordOverlap(), dataclasses.replace(cfg, reuse_repeated_steps=False)).run(QUESTIONS[:3])
+    assert list(off_llm.calls) == [3, 3, 3, 3, 3]
+    for t, o in zip(traces, off):
+        a = without_times(t)
+        a["extra"].pop("reused_steps")
+        assert a == without_times(o)
+
+
+def test_no_reuse_when_sampling_or_for_a_state_aware_llm():
+    sampled = ScriptedLLM(stuck)
+    traces = KairLoop(sampled, WordOverlap(), LoopConfig(max_steps=4, top_k=2, temperature=0.7)).run(QUESTIONS[:2])
+    assert list(sampled.calls) == [2] * 5 and all("reused_steps" not in t.extra for t in traces)
+    assert not KairLoop(KnowsItsQuestions(), WordOverlap(), LoopConfig()).reuses_steps

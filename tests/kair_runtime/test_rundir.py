@@ -91,6 +91,17 @@ def test_a_key_the_file_lacks_means_what_the_code_did_before_it_existed(tmp_path
     claim_job(tmp_path, job)
 
 
+def test_a_folder_from_before_step_reuse_called_the_model_for_every_step(tmp_path):
+    job = Job()
+    old = to_dict(job)
+    del old["runtime"]["loop"]["reuse_repeated_steps"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    with pytest.raises(ConfigError, match=r"differs in: runtime.loop.reuse_repeated_steps\)"):
+        claim_job(tmp_path, job)
+    job.runtime.loop.reuse_repeated_steps = False
+    claim_job(tmp_path, job)
+
+
 def test_an_empty_claim_file_matches_nothing(tmp_path):
     (tmp_path / "config.yaml").write_text("")
     with pytest.raises(ConfigError, match=r"differs in: items, out_dir, runtime\)"):

@@ -272,12 +272,12 @@ def test_the_benchmark_students_train_config_matches_the_demos_training(tmp_path
     assert {k: v for k, v in demo.items() if k not in own} == {k: v for k, v in shipped.items() if k not in own}
 
 
-def test_batching_and_the_adapter_merge_are_trace_neutral_in_float32_only():
-    """A resumed demo may regroup prompts into other batches, or merge its adapter, only where that
-    cannot change a trace."""
+def test_batching_the_adapter_merge_and_step_reuse_are_trace_neutral_in_float32_only():
+    """A resumed demo may regroup prompts into other batches, merge its adapter, or reuse a
+    repeated step's output, only where that cannot change a trace."""
     from pipeline.demo_config import BATCHING, trace_neutral
 
-    moved = set(BATCHING) | {"runtime.llm.merge_adapter"}
+    moved = set(BATCHING) | {"runtime.llm.merge_adapter", "runtime.loop.reuse_repeated_steps"}
     assert moved <= set(trace_neutral(load_demo_config(None, ["runtime.llm.dtype=float32"])))
     assert not moved & set(trace_neutral(load_demo_config(None, ["runtime.llm.dtype=bfloat16"])))
 
