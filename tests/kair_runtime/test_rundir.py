@@ -78,27 +78,18 @@ def test_a_key_the_file_lacks_is_no_difference_while_it_holds_its_default(tmp_pa
         claim_job(tmp_path, Job())
 
 
-def test_a_key_the_file_lacks_means_what_the_code_did_before_it_existed(tmp_path):
-    """llm.merge_adapter came with merging on; a folder claimed before it decoded unmerged, so its
-    missing key matches false, not the default."""
+@pytest.mark.parametrize("section, key", [("llm", "merge_adapter"), ("loop", "reuse_repeated_steps")])
+def test_a_key_the_file_lacks_means_what_the_code_did_before_it_existed(tmp_path, section, key):
+    """llm.merge_adapter came with merging on, loop.reuse_repeated_steps with reuse on; a folder
+    claimed before either decoded unmerged and called the model for every step, so its missing
+    key matches false, not the default."""
     job = Job()
     old = to_dict(job)
-    del old["runtime"]["llm"]["merge_adapter"]
+    del old["runtime"][section][key]
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
-    with pytest.raises(ConfigError, match=r"differs in: runtime.llm.merge_adapter\)"):
+    with pytest.raises(ConfigError, match=rf"differs in: runtime.{section}.{key}\)"):
         claim_job(tmp_path, job)
-    job.runtime.llm.merge_adapter = False
-    claim_job(tmp_path, job)
-
-
-def test_a_folder_from_before_step_reuse_called_the_model_for_every_step(tmp_path):
-    job = Job()
-    old = to_dict(job)
-    del old["runtime"]["loop"]["reuse_repeated_steps"]
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
-    with pytest.raises(ConfigError, match=r"differs in: runtime.loop.reuse_repeated_steps\)"):
-        claim_job(tmp_path, job)
-    job.runtime.loop.reuse_repeated_steps = False
+    setattr(getattr(job.runtime, section), key, False)
     claim_job(tmp_path, job)
 
 
