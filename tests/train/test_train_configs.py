@@ -143,6 +143,7 @@ def test_accelerate_launch_runs_the_script_file(qwen_real_dir, sft_data_dir, tmp
 @pytest.mark.parametrize("flags, message", [
     (["--use_peft", "false", "--init_adapter", "somewhere"], "init_adapter needs use_peft: true"),
     (["--use_peft", "false", "--load_in_4bit", "true"], "a quantized base can only be trained through an adapter"),
+    (["--answer_repeats", "0"], "answer_repeats=0; it must be 1 or more"),
 ])
 def test_the_launch_path_checks_the_rules_across_argument_groups(flags, message, tmp_path):
     from train.sft import run

@@ -169,3 +169,26 @@ def test_bad_sft_rows_are_errors_naming_the_line(tmp_path):
         read_messages_jsonl(path)
     path.write_text(json.dumps(good) + "\n")
     assert read_messages_jsonl(path)[0] == good
+
+
+def test_answer_repeats_repeat_the_training_answers_only(sft_data_dir, tmp_path):
+    from datasets import load_from_disk
+
+    from train.sft import KairSFTArguments, SFTDataError, load_sft_splits
+
+    data = load_from_disk(str(sft_data_dir))
+    kinds = data["train"]["kind"]
+    answers = [m for m, k in zip(data["train"]["messages"], kinds) if k == "answer"]
+    assert answers and len(answers) < len(kinds)
+    plain_train, plain_eval = load_sft_splits(KairSFTArguments(dataset_path=str(sft_data_dir)), need_eval=True)
+    train, evaluation = load_sft_splits(KairSFTArguments(dataset_path=str(sft_data_dir), answer_repeats=3),
+                                        need_eval=True)
+    assert train.column_names == evaluation.column_names == ["messages"]
+    assert len(train) == len(kinds) + 2 * len(answers)
+    assert train["messages"][:len(kinds)] == plain_train["messages"]  # the data, then the repeats
+    assert train["messages"][len(kinds):] == answers * 2
+    assert evaluation["messages"] == plain_eval["messages"]
+    # without the kind column there is no telling which chats are answers
+    jsonl = sft_data_dir / "sft_train.jsonl"
+    with pytest.raises(SFTDataError, match="answer_repeats=3 needs the 'kind' column"):
+        load_sft_splits(KairSFTArguments(dataset_path=str(jsonl), answer_repeats=3), need_eval=False)
