@@ -283,11 +283,11 @@ def _from_disk(path: Path, split: str, required: bool, hint: str = ""):
         raise SFTDataError(f"{path}[{split}]: no 'messages' column; columns are {ds.column_names}")
     for i, messages in enumerate(ds["messages"]):
         check_messages(messages, f"{path}[{split}] row {i}")
-    return ds.select_columns([c for c in ("messages", "kind") if c in ds.column_names])
+    return ds
 
 
 def repeat_answers(train, repeats: int, where: str):
-    """The training split with each answer chat `repeats` times, then only its messages column.
+    """The training split with each answer chat `repeats` times, after the split's own rows.
 
     The loss is a mean over a batch's labelled tokens, and a KAIR answer is ~5 tokens against ~110
     of a step reply: in the benchmark recipe's data the 1,550 answer chats (35% of the chats) carry
@@ -301,10 +301,10 @@ def repeat_answers(train, repeats: int, where: str):
         answers = [i for i, kind in enumerate(train["kind"]) if kind == "answer"]
         if not answers:
             raise SFTDataError(f"{where}: answer_repeats={repeats} but no chat has kind 'answer'")
-        train = train.select(list(range(len(train))) + answers * (repeats - 1))
         log.info("answer_repeats %d: %d answer chats of %d, now %d training chats", repeats, len(answers),
-                 len(train) - len(answers) * (repeats - 1), len(train))
-    return train.select_columns(["messages"])
+                 len(train), len(train) + len(answers) * (repeats - 1))
+        train = train.select(list(range(len(train))) + answers * (repeats - 1))
+    return train
 
 
 def load_sft_splits(args: KairSFTArguments, need_eval: bool):
@@ -325,11 +325,11 @@ def load_sft_splits(args: KairSFTArguments, need_eval: bool):
     if args.max_train_samples is not None:
         train = train.select(range(min(args.max_train_samples, len(train))))
     train = repeat_answers(train, args.answer_repeats, f"{path}[{args.dataset_train_split}]")
-    if evaluation is not None:
-        evaluation = evaluation.select_columns(["messages"])
-        if args.max_eval_samples is not None:
-            evaluation = evaluation.select(range(min(args.max_eval_samples, len(evaluation))))
-    return train, evaluation
+    if evaluation is not None and args.max_eval_samples is not None:
+        evaluation = evaluation.select(range(min(args.max_eval_samples, len(evaluation))))
+    # TRL sees plain conversations: the other columns (question_id, kind, ...) go here, in one place.
+    return (train.select_columns(["messages"]),
+            evaluation.select_columns(["messages"]) if evaluation is not None else None)
 
 
 # ---------------------------------------------------------------- model pieces
