@@ -102,7 +102,8 @@ class KairSFTArguments:
                 "optimizer and schedule) from those weights. Its rank and alpha must be this config's."})
     answer_repeats: int = field(default=1, metadata={
         "help": "Each answer chat of the training split (kind 'answer', as kair datagen to-sft writes) appears "
-                "this many times; validation is unchanged. See repeat_answers."})
+                "this many times; validation is unchanged. See repeat_answers. On the CPU recipe it did not help "
+                "(docs/results.md, 'Answers weigh 2% of the loss')."})
 
 
 class SFTDataError(ValueError, UserError):
