@@ -1,0 +1,80 @@
+"""python bench/comparison_choice.py RUN [RUN ...] [--run tuned-kair]
+
+How a student does on the dev questions that name their answer: "Which film came out first, A or
+B?", "Who is older, A or B?". A question counts when it holds " or " and its gold answer (not
+yes/no) occurs in its own normalised text. Per run and dev set: how many such questions, how often
+the student answers the gold option, the other option named in the question (its answer occurs
+in the question but is not gold) or something else, how often it names the option that comes
+first in the question against how often gold comes first, and its F1 on these questions and on
+the rest. Two options make 50% the rate of a coin. Reads RUN/traces/<dataset>/<run>.jsonl of
+`kair demo` or `kair eval` run folders.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from answer_reach import mean
+
+from eval.metrics import normalize_answer, score_trace
+from kair_runtime.jsonl import iter_json_records
+from kair_runtime.records import Trace
+
+
+def named_gold(question: str, golds: list[str]) -> str | None:
+    """The gold answer the question names among its options, or None when it names none."""
+    q = f" {normalize_answer(question)} "
+    if " or " not in q:
+        return None
+    for g in golds:
+        ng = normalize_answer(g)
+        if ng and ng not in ("yes", "no") and f" {ng} " in q:
+            return ng
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("runs", nargs="+")
+    ap.add_argument("--run", default="tuned-kair", help="the eval run to read (a traces file name)")
+    args = ap.parse_args()
+    print(f"{'run':34s} {'dataset':16s} {'named':>5s} {'gold':>4s} {'other':>5s} {'else':>4s} "
+          f"{'picks 1st':>9s} {'gold 1st':>8s} {'F1 named':>8s} {'F1 rest':>7s}")
+    for root in args.runs:
+        for path in sorted(Path(root, "traces").glob(f"*/{args.run}.jsonl")):
+            traces = [Trace.from_dict(r) for _, r in iter_json_records(path)]
+            gold_hits = other = elsewhere = picks_first = gold_first = 0
+            f1_named, f1_rest = [], []
+            for t in traces:
+                f1 = 100 * score_trace(t).scores["f1"]
+                gold = named_gold(t.question.question, t.question.answers)
+                if gold is None:
+                    f1_rest.append(f1)
+                    continue
+                f1_named.append(f1)
+                q = f" {normalize_answer(t.question.question)} "
+                answer = normalize_answer(t.answer or "")
+                gold_at = q.index(f" {gold} ")
+                answer_at = q.find(f" {answer} ") if answer else -1
+                if answer == gold:
+                    gold_hits += 1
+                elif answer_at >= 0:
+                    other += 1
+                else:
+                    elsewhere += 1
+                if answer == gold or answer_at >= 0:
+                    picks_first += first_option(q, gold_at if answer == gold else answer_at)
+                gold_first += first_option(q, gold_at)
+            n = len(f1_named)
+            print(f"{root:34s} {path.parent.name:16s} {n:5d} {gold_hits:4d} {other:5d} {elsewhere:4d} "
+                  f"{picks_first:9d} {gold_first:8d} {mean(f1_named):>8s} {mean(f1_rest):>7s}")
+
+
+def first_option(q: str, at: int) -> bool:
+    """Text starting at `at` is the first option when the question's " or " comes after it."""
+    return q.find(" or ", at) >= 0
+
+
+if __name__ == "__main__":
+    main()
