@@ -169,6 +169,39 @@ def _supporting(q: Question) -> tuple[dict[str, str], dict[str, list[str]]]:
     return paras, sents
 
 
+_ASKS = re.compile(r"^(?:(?:which|what)\s+\w+|who|whom|was|were|is|are|did|does|do)(?:\s+|$)", re.IGNORECASE)
+_JOINS = re.compile(r"(?:[\s,:]+|\b(?:the|a|an|out of|between|of|from|among))$", re.IGNORECASE)
+_NOT_A_PREDICATE = re.compile(r",|^(?:in|of|between|among|from)\b|^\S*$", re.IGNORECASE)
+
+
+def _compared(text: str) -> str:
+    """What a question compares, from its words outside the options: "Who is older," -> "is older"."""
+    text = _ASKS.sub("", text.strip(" ,?")).strip()
+    while (shorter := _JOINS.sub("", text)) != text:
+        text = shorter
+    # a clause around the options ("In A or B, ...", "founded first, Hole, the band that") is no relation
+    return "" if _NOT_A_PREDICATE.search(text) else text
+
+
+def outcome(q: Question, hops: list[Hop]) -> list[str] | None:
+    """An A-or-B question's outcome as a relation the index can hold once both sides are known:
+    "Who is older, A or B?" answered B -> [B, "is older rather than", A]. The options are the
+    chain's entities the question names; None unless the gold answer is one of exactly two, or when
+    the question leaves no words to say what was compared."""
+    answer = q.answers[0] if q.answers else ""
+    if not answer or _is_yes_no(answer) or not mentions(q.question, answer):
+        return None
+    names = dict.fromkeys(entity_of(h.title) for h in hops)
+    others = [n for n in names if mentions(q.question, n) and not (mentions(n, answer) or mentions(answer, n))]
+    spans = [_find(q.question, x) for x in (answer, *others)]
+    if len(others) != 1 or None in spans:
+        return None
+    first, last = min(a for a, _ in spans), max(b for _, b in spans)
+    # the words before the options, else the last sentence after them ("Was A or B born first?")
+    said = _compared(q.question[:first]) or _compared(re.split(r"(?<=\.)\s+", q.question[last:])[-1])
+    return [answer, f"{said} rather than", others[0]] if said else None
+
+
 # ---------------------------------------------------------------- chains per benchmark
 
 

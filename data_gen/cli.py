@@ -168,7 +168,8 @@ def silver_cmd(
     except OSError as e:
         _fail_output(e, cfg and cfg.out_dir)
     for name, c in silver_counts(traces).items():
-        typer.echo(f"{name}: {c['complete']} / {c['total']} complete")
+        with_outcome = f", {c['outcomes']} with an outcome relation" if "outcomes" in c else ""
+        typer.echo(f"{name}: {c['complete']} / {c['total']} complete{with_outcome}")
     typer.echo(f"{len(traces)} trajectories -> {path}")
 
 

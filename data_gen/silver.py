@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from data_gen.chains import CHAINS, GoldDocs, Hop, clean_part, entity_of, fact_with, mentions
+from data_gen.chains import CHAINS, GoldDocs, Hop, clean_part, entity_of, fact_with, mentions, outcome
 from data_gen.store import DataSpec, load_questions, retriever_config_for, shard_path, without_context
 from kair_runtime.config import ConfigError, RuntimeConfig
 from kair_runtime.index import get_format, norm_key
@@ -47,6 +47,10 @@ class SilverConfig:
     corpus: str | None = None  # None: the datasets' own paragraphs, built into OUT/corpus.jsonl
     extra_corpus: list[str] = field(default_factory=list)
     out_dir: str = "runs/datagen/silver"
+    # An A-or-B question's outcome as one more relation of the final index ("B -> is older rather
+    # than -> A"), so that the answer reads a name instead of ordering two dates (docs/results.md,
+    # "Questions that name their answer").
+    outcomes: bool = False
 
 
 # ---------------------------------------------------------------- the index per format
@@ -116,6 +120,7 @@ class ChainState:
 
     question: Question  # with its gold metadata (MuSiQue's chain reads the context paragraphs)
     hops: list[Hop]
+    outcome: list[str] | None = None  # added to the index once every hop is supported (chains.outcome)
     tried: set[str] = field(default_factory=set)
     seen: dict[str, ScoredPassage] = field(default_factory=dict)
 
@@ -143,7 +148,11 @@ class ChainState:
         supported = self.supported()
         complete = len(supported) == len(self.hops)
         fmt = get_format(fmt_name)
-        index = fmt.merge(prev, INDEX_BUILDERS[fmt.name](anchors(supported, docs, self.hops, self.question.question)))
+        found = anchors(supported, docs, self.hops, self.question.question)
+        if complete and self.outcome:
+            found.triples.append([clean_part(x) for x in self.outcome])
+            found.facts.append(clean_part(" ".join(self.outcome)) + ".")
+        index = fmt.merge(prev, INDEX_BUILDERS[fmt.name](found))
         next_query = None if complete else self.next_query()
         return render_step_output(index, reasoning_for(supported, complete, next_query),
                                   "sufficient" if complete else "insufficient", next_query), complete
@@ -184,10 +193,11 @@ class GoldOracle:
 
 
 def run_silver(questions: list[Question], retriever: Retriever, runtime: RuntimeConfig,
-               corpus: str | Path) -> list[Trace]:
+               corpus: str | Path, outcomes: bool = False) -> list[Trace]:
     """Silver trajectories for `questions` (with their gold metadata): the gold chains replayed
     through KairLoop with GoldOracle, one batched retrieval call per round over every chain still
-    running. A question with no chain gets an error trace, outside the loop."""
+    running. A question with no chain gets an error trace, outside the loop. `outcomes`: see
+    SilverConfig."""
     prompts = PromptSet.for_loop(runtime.loop)
     gold = GoldDocs(corpus)
     chains = []
@@ -195,7 +205,8 @@ def run_silver(questions: list[Question], retriever: Retriever, runtime: Runtime
         if q.dataset not in CHAINS:
             raise ConfigError(f"silver has no chain builder for dataset {q.dataset!r} (question {q.id}); "
                               f"supported: {sorted(CHAINS)}")
-        chains.append(ChainState(q, CHAINS[q.dataset](q, gold)))
+        hops = CHAINS[q.dataset](q, gold)
+        chains.append(ChainState(q, hops, outcome=outcome(q, hops) if outcomes else None))
     oracle = GoldOracle(prompts.format)
     todo = [c for c in chains if c.hops]
     following = iter(todo)
@@ -238,6 +249,8 @@ def silver_extra(c: ChainState, prompts: PromptSet, retriever: Retriever) -> dic
              "unmapped_hops": sum(not h.doc_ids for h in c.hops)}
     if not c.hops:
         extra["note"] = "no gold annotations to build a chain from"
+    if c.outcome:
+        extra["outcome"] = c.outcome
     return extra
 
 
@@ -258,7 +271,7 @@ def silver(cfg: SilverConfig, retriever: Retriever | None = None) -> tuple[Path,
     questions = load_questions(cfg.datasets)
     with hold(out):
         rc, passages = retriever_config_for(cfg, out)  # gold paragraphs map into these passages
-        traces = run_silver(questions, retriever or build_retriever(rc), cfg.runtime, passages)
+        traces = run_silver(questions, retriever or build_retriever(rc), cfg.runtime, passages, cfg.outcomes)
         path = shard_path(out, 0, 1)
         atomic_write_jsonl(path, (t.to_dict() for t in traces))
         atomic_write_text(out / "stats.json", json.dumps({"datasets": silver_counts(traces),
@@ -267,10 +280,12 @@ def silver(cfg: SilverConfig, retriever: Retriever | None = None) -> tuple[Path,
 
 
 def silver_counts(traces: list[Trace]) -> dict[str, dict[str, int]]:
-    """complete / total per dataset."""
+    """complete / total per dataset, and with SilverConfig.outcomes how many carry an outcome."""
     out: dict[str, dict[str, int]] = {}
     for t in traces:
         c = out.setdefault(t.question.dataset, {"complete": 0, "total": 0})
         c["total"] += 1
         c["complete"] += int(bool(t.extra.get("complete")))
+        if "outcome" in t.extra:
+            c["outcomes"] = c.get("outcomes", 0) + 1
     return out

@@ -157,6 +157,8 @@ class DemoConfig:
     dev_sets: list[DatasetSpec | str] = field(default_factory=_dev_sets)
     teacher: LLMConfig | None = None  # an LLM whose KAIR trajectories join the silver ones
     min_f1: float = 1.0  # answer F1 a trajectory needs to become training data
+    # Silver's final index also states an A-or-B question's outcome (data_gen.silver.SilverConfig.outcomes)
+    silver_outcomes: bool = False
     train: TrainSettings = field(default_factory=TrainSettings)
     rounds: RoundSettings = field(default_factory=RoundSettings)
     validation_fraction: float = 0.1  # of the train questions, held out for the SFT validation split

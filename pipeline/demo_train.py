@@ -42,7 +42,7 @@ def silver_trajectories(cfg: DemoConfig, train: QuestionSet, retriever, out: Pat
     deterministic and seconds long, so a rerun rewrites it rather than resuming it)."""
     from data_gen.silver import run_silver
 
-    traces = run_silver(train.questions, retriever, cfg.runtime, train.corpus)
+    traces = run_silver(train.questions, retriever, cfg.runtime, train.corpus, cfg.silver_outcomes)
     with atomic_write(out / "silver" / "trajectories.jsonl") as f:
         f.writelines(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in traces)
     return traces

@@ -11,7 +11,7 @@ import pytest
 
 from data_gen.filter import FilterConfig, run_filter
 from data_gen.quality import summarize_quality
-from data_gen.chains import GoldDocs, musique_chain
+from data_gen.chains import GoldDocs, mentions, musique_chain
 from data_gen.sft import SFTDataConfig, build_sft, check_recorded
 from data_gen.silver import SilverConfig, run_silver, silver, silver_counts
 from data_gen.store import DataSpec, closed_corpus, load_questions, read_trajectories
@@ -37,11 +37,11 @@ def setup(tmp_path_factory, shared_data):
     return root, corpus, retriever
 
 
-def run(setup, fmt="kr", max_steps=4, specs=SPECS, name=None):
+def run(setup, fmt="kr", max_steps=4, specs=SPECS, name=None, outcomes=False):
     root, corpus, retriever = setup
     cfg = SilverConfig(runtime=RuntimeConfig(loop=LoopConfig(index_format=fmt, max_steps=max_steps, top_k=5)),
                        datasets=[dataclasses.replace(s) for s in specs], corpus=str(corpus),
-                       out_dir=str(root / (name or f"{fmt}-{max_steps}")))
+                       out_dir=str(root / (name or f"{fmt}-{max_steps}")), outcomes=outcomes)
     path, traces = silver(cfg, retriever=retriever)
     return cfg, traces
 
@@ -127,6 +127,28 @@ def test_a_silver_trajectory_is_the_loops_record_of_its_outputs(setup, fmt):
         for s in r.steps:
             s.wall_time_s = 0.0
         assert r.to_json() == t.to_json()
+
+
+def test_outcomes_add_an_a_or_b_answer_to_the_final_index_and_nothing_else(setup, kr):
+    _, plain = kr
+    cfg, traces = run(setup, name="outcomes", outcomes=True)
+    prompts = PromptSet.load("kr")
+    counted = silver_counts(traces)
+    stated = [t for t in traces if "outcome" in t.extra]
+    assert len(stated) >= 3 and counted["2wikimultihopqa"]["outcomes"] >= 3  # 2Wiki dev's "A or B?" questions
+    assert sum(c.get("outcomes", 0) for c in counted.values()) == len(stated)
+    for t, p in zip(traces, plain, strict=True):
+        assert check_recorded(t, prompts, "answer") == []
+        assert (t.question.id, t.answer, t.stop_reason, len(t.steps)) == (p.question.id, p.answer, p.stop_reason, len(p.steps))
+        # every step but a complete chain's last is the plain one
+        last = len(t.steps) - 1 if "outcome" in t.extra and t.extra["complete"] else len(t.steps)
+        assert [s.raw_output for s in t.steps[:last]] == [s.raw_output for s in p.steps[:last]]
+        if last == len(t.steps):
+            continue
+        answer, said, other = t.extra["outcome"]
+        assert normalize_answer(answer) in {normalize_answer(a) for a in t.question.answers}
+        assert said.endswith(" rather than") and mentions(t.question.question, other)
+        assert t.final_index.relations == p.final_index.relations + [[answer, said, other]]
 
 
 def test_index_holds_only_what_retrieved_documents_support(kr):

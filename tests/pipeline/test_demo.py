@@ -133,11 +133,13 @@ def test_demo_on_benchmark_files_trains_and_evaluates_each_dev_set(tmp_path, tin
                    train_sets=[TrainSet("musique", limit=60), TrainSet("2wikimultihopqa", limit=40)],
                    dev_sets=["musique:dev", "2wikimultihopqa:dev"])
     cfg.train = TrainSettings(steps=1, learning_rate=5e-3, use_peft=False)  # full fine-tuning this time
+    cfg.silver_outcomes = True  # 2Wiki's A-or-B questions get their outcome relation
     info = run_demo(cfg, Console(record=True, width=160))
     out = tmp_path / "demo"
     assert info["data"]["sources"] == {"silver": 100} and info["data"]["kept"] > 30
     silver, kept = info["data"]["silver"], info["data"]["kept_by_dataset"]
     assert {k: c["total"] for k, c in silver.items()} == {"musique": 60, "2wikimultihopqa": 40}
+    assert silver["2wikimultihopqa"]["outcomes"] > 0 and "outcomes" not in silver["musique"]
     assert sum(c["kept"] for c in kept.values()) == info["data"]["kept"] and kept["2wikimultihopqa"]["kept"] > 0
     assert f"silver chains complete musique {silver['musique']['complete']}/60" in (out / "results.md").read_text()
     # Full fine-tuning saves a whole model, which the tuned runs load as their model.
@@ -253,7 +255,7 @@ def test_the_benchmark_recipe_is_the_measured_one():
     assert (loop.index_format, loop.max_steps, loop.top_k, loop.step_max_tokens, loop.answer_max_tokens,
             loop.max_passage_words, loop.no_repeat_ngram, loop.structured) == ("kr", 3, 3, 160, 16, 40, 0, False)
     assert [str(s) for s in cfg.train_sets] == ["hotpotqa:train", "musique:train", "2wikimultihopqa:train"]
-    assert (cfg.min_f1, cfg.validation_fraction, cfg.dev_limit) == (1.0, 0.05, 50)
+    assert (cfg.min_f1, cfg.validation_fraction, cfg.dev_limit, cfg.silver_outcomes) == (1.0, 0.05, 50, False)
     assert (cfg.rounds.count, cfg.rounds.samples, cfg.rounds.temperature) == (0, 2, 0.7)
     assert t.sft == {}  # random batches: group_by_length was measured at 1,100 steps only
 
