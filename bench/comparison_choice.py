@@ -6,8 +6,10 @@ yes/no) occurs in its own normalised text. Per run and dev set: how many such qu
 the student answers the gold option, the other option named in the question (its answer occurs
 in the question but is not gold) or something else, how often it names the option that comes
 first in the question against how often gold comes first, and its F1 on these questions and on
-the rest. Two options make 50% the rate of a coin. Reads RUN/traces/<dataset>/<run>.jsonl of
-`kair demo` or `kair eval` run folders.
+the rest. Two options make 50% the rate of a coin. `stated`: how many of these questions' final
+index holds an outcome relation (silver's `outcomes` form, "B -> is older rather than -> A"), and
+of those how many name gold as the winner. Reads RUN/traces/<dataset>/<run>.jsonl of `kair demo`
+or `kair eval` run folders.
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ def main() -> None:
     ap.add_argument("--run", default="tuned-kair", help="the eval run to read (a traces file name)")
     args = ap.parse_args()
     print(f"{'run':34s} {'dataset':16s} {'named':>5s} {'gold':>4s} {'other':>5s} {'else':>4s} "
-          f"{'picks 1st':>9s} {'gold 1st':>8s} {'F1 named':>8s} {'F1 rest':>7s}")
+          f"{'picks 1st':>9s} {'gold 1st':>8s} {'stated':>6s} {'gold':>4s} {'F1 named':>8s} {'F1 rest':>7s}")
     for root in args.runs:
         for path in sorted(Path(root, "traces").glob(f"*/{args.run}.jsonl")):
             traces = [Trace.from_dict(r) for _, r in iter_json_records(path)]
-            gold_hits = other = elsewhere = picks_first = gold_first = 0
+            gold_hits = other = elsewhere = picks_first = gold_first = stated = stated_gold = 0
             f1_named, f1_rest = [], []
             for t in traces:
                 f1 = 100 * score_trace(t).scores["f1"]
@@ -66,9 +68,13 @@ def main() -> None:
                 if answer == gold or answer_at >= 0:
                     picks_first += first_option(q, gold_at if answer == gold else answer_at)
                 gold_first += first_option(q, gold_at)
+                winners = [normalize_answer(h) for h, r, _ in (t.final_index.relations if t.final_index else [])
+                           if r.endswith(" rather than")]
+                stated += bool(winners)
+                stated_gold += gold in winners
             n = len(f1_named)
             print(f"{root:34s} {path.parent.name:16s} {n:5d} {gold_hits:4d} {other:5d} {elsewhere:4d} "
-                  f"{picks_first:9d} {gold_first:8d} {mean(f1_named):>8s} {mean(f1_rest):>7s}")
+                  f"{picks_first:9d} {gold_first:8d} {stated:6d} {stated_gold:4d} {mean(f1_named):>8s} {mean(f1_rest):>7s}")
 
 
 def first_option(q: str, at: int) -> bool:

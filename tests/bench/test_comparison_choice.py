@@ -25,6 +25,8 @@ def test_named_options_are_counted_by_what_the_student_picked(tmp_path, monkeypa
     ]
     for record, (question, gold, answer) in zip(records, cases, strict=True):
         record["question"]["question"], record["question"]["answers"], record["answer"] = question, [gold], answer
+    # the first question's final index states an outcome, the wrong one, as its answer says
+    records[0]["steps"][-1]["index"]["relations"].append(["Alma Berg", "is older rather than", "Carl Dunn"])
     run = tmp_path / "run"
     (run / "traces" / "musique").mkdir(parents=True)
     (run / "traces" / "musique" / "tuned-kair.jsonl").write_text(
@@ -34,5 +36,5 @@ def test_named_options_are_counted_by_what_the_student_picked(tmp_path, monkeypa
     monkeypatch.setattr(sys, "argv", ["comparison_choice.py", str(run)])
     comparison_choice.main()
     row = capsys.readouterr().out.splitlines()[1].split()
-    # named, gold, other, else, picks 1st, gold 1st, F1 named, F1 rest
-    assert row[1:] == ["musique", "3", "1", "1", "1", "2", "1", "33.3", "100.0"]
+    # named, gold, other, else, picks 1st, gold 1st, stated, stated gold, F1 named, F1 rest
+    assert row[1:] == ["musique", "3", "1", "1", "1", "2", "1", "1", "0", "33.3", "100.0"]
