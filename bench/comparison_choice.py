@@ -14,14 +14,9 @@ or `kair eval` run folders.
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
-from answer_reach import mean
+from answer_reach import mean, traces_per_set
 
 from eval.metrics import normalize_answer, score_trace
-from kair_runtime.jsonl import iter_json_records
-from kair_runtime.records import Trace
 
 
 def named_gold(question: str, golds: list[str]) -> str | None:
@@ -37,44 +32,37 @@ def named_gold(question: str, golds: list[str]) -> str | None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("runs", nargs="+")
-    ap.add_argument("--run", default="tuned-kair", help="the eval run to read (a traces file name)")
-    args = ap.parse_args()
     print(f"{'run':34s} {'dataset':16s} {'named':>5s} {'gold':>4s} {'other':>5s} {'else':>4s} "
           f"{'picks 1st':>9s} {'gold 1st':>8s} {'stated':>6s} {'gold':>4s} {'F1 named':>8s} {'F1 rest':>7s}")
-    for root in args.runs:
-        for path in sorted(Path(root, "traces").glob(f"*/{args.run}.jsonl")):
-            traces = [Trace.from_dict(r) for _, r in iter_json_records(path)]
-            gold_hits = other = elsewhere = picks_first = gold_first = stated = stated_gold = 0
-            f1_named, f1_rest = [], []
-            for t in traces:
-                f1 = 100 * score_trace(t).scores["f1"]
-                gold = named_gold(t.question.question, t.question.answers)
-                if gold is None:
-                    f1_rest.append(f1)
-                    continue
-                f1_named.append(f1)
-                q = f" {normalize_answer(t.question.question)} "
-                answer = normalize_answer(t.answer or "")
-                gold_at = q.index(f" {gold} ")
-                answer_at = q.find(f" {answer} ") if answer else -1
-                if answer == gold:
-                    gold_hits += 1
-                elif answer_at >= 0:
-                    other += 1
-                else:
-                    elsewhere += 1
-                if answer == gold or answer_at >= 0:
-                    picks_first += first_option(q, gold_at if answer == gold else answer_at)
-                gold_first += first_option(q, gold_at)
-                winners = [normalize_answer(h) for h, r, _ in (t.final_index.relations if t.final_index else [])
-                           if r.endswith(" rather than")]
-                stated += bool(winners)
-                stated_gold += gold in winners
-            n = len(f1_named)
-            print(f"{root:34s} {path.parent.name:16s} {n:5d} {gold_hits:4d} {other:5d} {elsewhere:4d} "
-                  f"{picks_first:9d} {gold_first:8d} {stated:6d} {stated_gold:4d} {mean(f1_named):>8s} {mean(f1_rest):>7s}")
+    for root, dataset, traces in traces_per_set():
+        gold_hits = other = elsewhere = picks_first = gold_first = stated = stated_gold = 0
+        f1_named, f1_rest = [], []
+        for t in traces:
+            f1 = 100 * score_trace(t).scores["f1"]
+            gold = named_gold(t.question.question, t.question.answers)
+            if gold is None:
+                f1_rest.append(f1)
+                continue
+            f1_named.append(f1)
+            q = f" {normalize_answer(t.question.question)} "
+            answer = normalize_answer(t.answer or "")
+            gold_at = q.index(f" {gold} ")
+            answer_at = q.find(f" {answer} ") if answer else -1
+            if answer == gold:
+                gold_hits += 1
+            elif answer_at >= 0:
+                other += 1
+            else:
+                elsewhere += 1
+            if answer == gold or answer_at >= 0:
+                picks_first += first_option(q, gold_at if answer == gold else answer_at)
+            gold_first += first_option(q, gold_at)
+            winners = [normalize_answer(h) for h, r, _ in (t.final_index.relations if t.final_index else [])
+                       if r.endswith(" rather than")]
+            stated += bool(winners)
+            stated_gold += gold in winners
+        print(f"{root:34s} {dataset:16s} {len(f1_named):5d} {gold_hits:4d} {other:5d} {elsewhere:4d} "
+              f"{picks_first:9d} {gold_first:8d} {stated:6d} {stated_gold:4d} {mean(f1_named):>8s} {mean(f1_rest):>7s}")
 
 
 def first_option(q: str, at: int) -> bool:
