@@ -8,7 +8,9 @@ in the question but is not gold) or something else, how often it names the optio
 first in the question against how often gold comes first, and its F1 on these questions and on
 the rest. Two options make 50% the rate of a coin. `stated`: how many of these questions' final
 index holds an outcome relation (silver's `outcomes` form, "B -> is older rather than -> A"), and
-of those how many name gold as the winner. Reads RUN/traces/<dataset>/<run>.jsonl of `kair demo`
+of those how many name gold as the winner. `both`: how many final indexes hold relations about two
+or more entities the question names (about both options, where a comparison needs a fact on each
+side); a student that stops after one side cannot compare. Reads RUN/traces/<dataset>/<run>.jsonl of `kair demo`
 or `kair eval` run folders.
 """
 
@@ -33,9 +35,10 @@ def named_gold(question: str, golds: list[str]) -> str | None:
 
 def main() -> None:
     print(f"{'run':34s} {'dataset':16s} {'named':>5s} {'gold':>4s} {'other':>5s} {'else':>4s} "
-          f"{'picks 1st':>9s} {'gold 1st':>8s} {'stated':>6s} {'gold':>4s} {'F1 named':>8s} {'F1 rest':>7s}")
+          f"{'picks 1st':>9s} {'gold 1st':>8s} {'stated':>6s} {'gold':>4s} {'both':>4s} {'F1 named':>8s} "
+          f"{'F1 rest':>7s}")
     for root, dataset, traces in traces_per_set():
-        gold_hits = other = elsewhere = picks_first = gold_first = stated = stated_gold = 0
+        gold_hits = other = elsewhere = picks_first = gold_first = stated = stated_gold = both = 0
         f1_named, f1_rest = [], []
         for t in traces:
             f1 = 100 * score_trace(t).scores["f1"]
@@ -57,12 +60,19 @@ def main() -> None:
             if answer == gold or answer_at >= 0:
                 picks_first += first_option(q, gold_at if answer == gold else answer_at)
             gold_first += first_option(q, gold_at)
-            winners = [normalize_answer(h) for h, r, _ in (t.final_index.relations if t.final_index else [])
-                       if r.endswith(" rather than")]
+            relations = t.final_index.relations if t.final_index else []
+            winners = [normalize_answer(h) for h, r, _ in relations if r.endswith(" rather than")]
+            both += len(named_entities(q, relations)) >= 2
             stated += bool(winners)
             stated_gold += gold in winners
         print(f"{root:34s} {dataset:16s} {len(f1_named):5d} {gold_hits:4d} {other:5d} {elsewhere:4d} "
-              f"{picks_first:9d} {gold_first:8d} {stated:6d} {stated_gold:4d} {mean(f1_named):>8s} {mean(f1_rest):>7s}")
+              f"{picks_first:9d} {gold_first:8d} {stated:6d} {stated_gold:4d} {both:4d} {mean(f1_named):>8s} {mean(f1_rest):>7s}")
+
+
+def named_entities(q: str, relations: list) -> set[str]:
+    """The relations' heads and tails that the normalised question `q` names as a phrase."""
+    names = {normalize_answer(e) for h, _, t in relations for e in (h, t)}
+    return {n for n in names if n and f" {n} " in q}
 
 
 def first_option(q: str, at: int) -> bool:

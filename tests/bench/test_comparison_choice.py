@@ -36,5 +36,5 @@ def test_named_options_are_counted_by_what_the_student_picked(tmp_path, monkeypa
     monkeypatch.setattr(sys, "argv", ["comparison_choice.py", str(run)])
     comparison_choice.main()
     row = capsys.readouterr().out.splitlines()[1].split()
-    # named, gold, other, else, picks 1st, gold 1st, stated, stated gold, F1 named, F1 rest
-    assert row[1:] == ["musique", "3", "1", "1", "1", "2", "1", "1", "0", "33.3", "100.0"]
+    # named, gold, other, else, picks 1st, gold 1st, stated, stated gold, both, F1 named, F1 rest
+    assert row[1:] == ["musique", "3", "1", "1", "1", "2", "1", "1", "0", "1", "33.3", "100.0"]
