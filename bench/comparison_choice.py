@@ -10,8 +10,8 @@ the rest. Two options make 50% the rate of a coin. `stated`: how many of these q
 index holds an outcome relation (silver's `outcomes` form, "B -> is older rather than -> A"), and
 of those how many name gold as the winner. `both`: how many final indexes hold relations about two
 or more entities the question names (about both options, where a comparison needs a fact on each
-side); a student that stops after one side cannot compare. Reads RUN/traces/<dataset>/<run>.jsonl of `kair demo`
-or `kair eval` run folders.
+side); a student that stops after one side cannot compare. Reads RUN/traces/<dataset>/<run>.jsonl
+of `kair demo` or `kair eval` run folders.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def main() -> None:
             stated += bool(winners)
             stated_gold += gold in winners
         print(f"{root:34s} {dataset:16s} {len(f1_named):5d} {gold_hits:4d} {other:5d} {elsewhere:4d} "
-              f"{picks_first:9d} {gold_first:8d} {stated:6d} {stated_gold:4d} {both:4d} {mean(f1_named):>8s} {mean(f1_rest):>7s}")
+              f"{picks_first:9d} {gold_first:8d} {stated:6d} {stated_gold:4d} {both:4d} {mean(f1_named):>8s} "
+              f"{mean(f1_rest):>7s}")
 
 
 def named_entities(q: str, relations: list) -> set[str]:
